@@ -1,0 +1,322 @@
+"""A virtual GPU cluster: N ranks as N threads running the same function (SPMD), as torchrun would.
+
+Each rank has its own tensors, its own `torch.Generator` (threads share torch's global RNG, so seeding
+it per rank would race), its own memory tracker and its own ledger of collectives. Collectives meet in
+a rendezvous: the last rank to arrive combines everyone's input once, in rank order, and every rank
+takes its part of the result.
+
+The cluster never hangs on a mistake:
+- a rank that raises releases every other rank at once, and `run` raises `RankFailed` naming the rank,
+  chained to the original traceback;
+- ranks that call different collectives at the same point raise `CollectiveMismatch` at once;
+- a rank that returns while others wait for it in a collective raises `CollectiveDeadlock` at once;
+- a collective that does not complete within `timeout_s` raises `CollectiveTimeout`, which says what
+  every rank was doing;
+- after any failure, ranks still running are stopped (a Python-level loop is interrupted), and the
+  cluster is ready for the next `run`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+
+from zero_core.comm import CommLedger
+from zero_core.context import RankContext, activate
+from zero_core.memory import MemoryTracker
+
+MAX_WORLD_SIZE = 4096
+_STOP_GRACE_S = 1.0
+_INTERRUPT_S = 2.0
+
+
+class ClusterError(RuntimeError):
+    """A run on the virtual cluster failed; the message says which rank and why."""
+
+
+class RankFailed(ClusterError):
+    """A rank's own code raised. `rank` names it; the original exception is the `__cause__`."""
+
+    def __init__(self, rank: int, error: BaseException) -> None:
+        super().__init__(f"rank {rank} raised {type(error).__name__}: {error}")
+        self.rank = rank
+        self.error = error
+
+
+class CollectiveMismatch(ClusterError):
+    """Two ranks called different collectives at the same position in their sequences."""
+
+
+class CollectiveDeadlock(ClusterError):
+    """A rank finished while other ranks were still waiting for it in a collective."""
+
+
+class CollectiveTimeout(ClusterError):
+    """A collective did not complete in time; the message describes every rank."""
+
+
+class RunTimeout(ClusterError):
+    """The whole run exceeded its deadline."""
+
+
+class RankAborted(BaseException):
+    """Raised inside a rank to unwind it after another rank failed (not an error of this rank)."""
+
+
+@dataclass(frozen=True)
+class CollectiveCall:
+    """What a rank asked for: ranks must agree on everything here except `tag` and `seq`."""
+
+    op: str
+    dtype: str
+    input_shape: tuple[int, ...]
+    output_shape: tuple[int, ...]
+    reduce_op: str = ""
+    src: int = -1
+    tag: str = ""
+    seq: int = -1
+
+    def signature(self) -> tuple:
+        return (self.op, self.dtype, self.input_shape, self.output_shape, self.reduce_op, self.src)
+
+    def describe(self) -> str:
+        parts = [f"{self.op} #{self.seq}"]
+        if self.tag:
+            parts.append(f"tag={self.tag!r}")
+        if self.op != "barrier":
+            parts.append(f"{self.dtype} {list(self.input_shape)}")
+            if self.output_shape != self.input_shape:
+                parts.append(f"-> {list(self.output_shape)}")
+        if self.reduce_op:
+            parts.append(f"op={self.reduce_op}")
+        if self.src >= 0:
+            parts.append(f"src={self.src}")
+        return " ".join(parts)
+
+
+class _Rendezvous:
+    """The meeting point of one collective: who arrived with what, and the combined result."""
+
+    def __init__(self, world_size: int) -> None:
+        self.calls: list[CollectiveCall | None] = [None] * world_size
+        self.payloads: list[Any] = [None] * world_size
+        self.arrived = 0
+        self.departed = 0
+        self.first_rank = -1
+        self.done = False
+        self.result: Any = None
+
+
+class VirtualCluster:
+    """N virtual GPUs in one process. `run(fn, *args)` runs `fn` on every rank and returns the results."""
+
+    def __init__(
+        self, world_size: int, timeout_s: float = 30.0, *, seed: int = 0, record_timeline: bool = True
+    ) -> None:
+        if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
+            raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
+        if world_size > MAX_WORLD_SIZE:
+            raise ValueError(
+                f"world_size {world_size} is more threads than this simulator supports (max {MAX_WORLD_SIZE})"
+            )
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+        self.world_size = world_size
+        self.timeout_s = timeout_s
+        self.seed = seed
+        self.record_timeline = record_timeline
+        self._cond = threading.Condition()
+        self._reset()
+
+    def _reset(self) -> None:
+        n = self.world_size
+        self.ledger = CommLedger(n)
+        self.trackers = [MemoryTracker(r, record_timeline=self.record_timeline) for r in range(n)]
+        self._pending: dict[int, _Rendezvous] = {}
+        self._next_seq = [0] * n
+        self._waiting: list[CollectiveCall | None] = [None] * n
+        self._finished = [False] * n
+        self._status = ["starting"] * n
+        self._results: list[Any] = [None] * n
+        self._failure: tuple[int, BaseException] | None = None
+        self._running = n
+
+    def run(self, fn: Callable[..., Any], *args: Any, deadline_s: float | None = None, **kwargs: Any) -> list[Any]:
+        """Run `fn(*args, **kwargs)` once on every rank, each in its own thread; results in rank order.
+
+        `deadline_s` bounds the whole run (for code that might loop forever without communicating);
+        collectives are bounded by the cluster's `timeout_s` in any case.
+        """
+        self._reset()
+        threads = [
+            threading.Thread(target=self._rank_main, args=(r, fn, args, kwargs), name=f"rank-{r}", daemon=True)
+            for r in range(self.world_size)
+        ]
+        for thread in threads:
+            thread.start()
+        end = None if deadline_s is None else time.monotonic() + deadline_s
+        try:
+            with self._cond:
+                while self._running and self._failure is None:
+                    remaining = None if end is None else end - time.monotonic()
+                    if remaining is not None and remaining <= 0:
+                        self._fail(
+                            -1, RunTimeout(f"the run exceeded its deadline of {deadline_s} s.\n{self.describe_ranks()}")
+                        )
+                        break
+                    self._cond.wait(remaining)
+        except BaseException as interrupt:
+            with self._cond:
+                self._fail(-1, interrupt)
+        if self._failure is not None:
+            self._stop(threads)
+            rank, error = self._failure
+            if isinstance(error, ClusterError):
+                raise error
+            if rank < 0:
+                raise error
+            raise RankFailed(rank, error) from error
+        for thread in threads:
+            thread.join()
+        return list(self._results)
+
+    def _rank_main(self, rank: int, fn: Callable[..., Any], args: tuple, kwargs: dict) -> None:
+        ctx = RankContext(
+            rank=rank,
+            world_size=self.world_size,
+            generator=torch.Generator().manual_seed(self.seed * 1_000_003 + rank),
+            backend=self,
+            ledger=self.ledger.ranks[rank],
+            tracker=self.trackers[rank],
+        )
+        try:
+            with self._cond:
+                self._status[rank] = "running"
+            with activate(ctx):
+                self._results[rank] = fn(*args, **kwargs)
+            with self._cond:
+                self._status[rank] = "finished"
+        except RankAborted:
+            with self._cond:
+                self._status[rank] = "stopped because another rank failed"
+        except BaseException as error:
+            with self._cond:
+                self._status[rank] = f"raised {type(error).__name__}"
+                self._fail(rank, error)
+        finally:
+            with self._cond:
+                self._finished[rank] = True
+                self._waiting[rank] = None
+                self._running -= 1
+                self._cond.notify_all()
+
+    def _fail(self, rank: int, error: BaseException) -> None:
+        """Record the first failure and wake every waiting rank (caller holds the lock)."""
+        if self._failure is None:
+            self._failure = (rank, error)
+        self._cond.notify_all()
+
+    def _stop(self, threads: list[threading.Thread]) -> None:
+        """Let released ranks unwind; interrupt ranks busy in their own code; leave none running."""
+        deadline = time.monotonic() + _STOP_GRACE_S
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        deadline = time.monotonic() + _INTERRUPT_S
+        alive = [t for t in threads if t.is_alive()]
+        while alive and time.monotonic() < deadline:
+            for thread in alive:
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(RankAborted))
+            for thread in alive:
+                thread.join(0.05)
+            alive = [t for t in threads if t.is_alive()]
+        if alive:
+            names = ", ".join(t.name for t in alive)
+            raise ClusterError(
+                f"{names} could not be stopped (stuck inside native code) after: {self._failure[1]}; "
+                "restart the Python process"
+            ) from self._failure[1]
+
+    def describe_ranks(self) -> str:
+        """One line per rank: the collective it waits in, or what it is doing (caller holds the lock)."""
+        lines = []
+        for rank in range(self.world_size):
+            call = self._waiting[rank]
+            done = self._next_seq[rank]
+            if call is not None:
+                lines.append(f"  rank {rank}: waiting in {call.describe()}")
+            elif self._finished[rank]:
+                lines.append(f"  rank {rank}: {self._status[rank]} after {done} collective(s)")
+            else:
+                lines.append(f"  rank {rank}: {self._status[rank]} its own code after {done} collective(s)")
+        return "\n".join(lines)
+
+    def exchange(self, rank: int, call: CollectiveCall, payload: Any, combine: Callable[[list[Any]], Any]) -> Any:
+        """Meet the other ranks in `call`; the last to arrive runs `combine(payloads in rank order)` once.
+
+        Every rank gets the same result object back and must treat it as read-only.
+        """
+        with self._cond:
+            self._raise_if_failed()
+            seq = self._next_seq[rank]
+            self._next_seq[rank] += 1
+            call = replace(call, seq=seq)
+            meeting = self._pending.get(seq)
+            if meeting is None:
+                meeting = self._pending[seq] = _Rendezvous(self.world_size)
+            if meeting.first_rank >= 0:
+                first = meeting.calls[meeting.first_rank]
+                if first.signature() != call.signature():
+                    raise CollectiveMismatch(
+                        f"collective mismatch at position #{seq}: rank {rank} called {call.describe()}, "
+                        f"but rank {meeting.first_rank} called {first.describe()}. Every rank must call the "
+                        "same collectives, in the same order, with the same shapes and dtypes."
+                    )
+            else:
+                meeting.first_rank = rank
+            meeting.calls[rank] = call
+            meeting.payloads[rank] = payload
+            meeting.arrived += 1
+            self._waiting[rank] = call
+            if meeting.arrived == self.world_size:
+                meeting.result = combine(meeting.payloads)
+                meeting.payloads = []
+                meeting.done = True
+                self._cond.notify_all()
+            else:
+                deadline = time.monotonic() + self.timeout_s
+                while not meeting.done:
+                    self._raise_if_failed()
+                    self._raise_if_deadlocked(meeting, call)
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise CollectiveTimeout(
+                            f"{call.describe()} did not complete within {self.timeout_s} s "
+                            f"(rank {rank} timed out). What each rank was doing:\n{self.describe_ranks()}\n"
+                            "A rank that never reaches this collective is stuck or on another code path."
+                        )
+                    self._cond.wait(remaining)
+            self._waiting[rank] = None
+            meeting.departed += 1
+            if meeting.departed == self.world_size:
+                del self._pending[seq]
+            return meeting.result
+
+    def _raise_if_failed(self) -> None:
+        if self._failure is not None:
+            raise RankAborted()
+
+    def _raise_if_deadlocked(self, meeting: _Rendezvous, call: CollectiveCall) -> None:
+        missing = [r for r in range(self.world_size) if self._finished[r] and meeting.calls[r] is None]
+        if missing:
+            waiting = [r for r in range(self.world_size) if meeting.calls[r] is not None]
+            raise CollectiveDeadlock(
+                f"rank {missing[0]} returned without calling {call.describe()}, which rank(s) {waiting} are "
+                "waiting in. Every rank must call the same collectives; look for a collective inside an "
+                "`if rank == ...` branch or a loop whose length depends on the rank."
+            )

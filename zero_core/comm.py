@@ -1,0 +1,209 @@
+"""The counting interconnect: every collective every rank calls, with the bytes it moves on a ring.
+
+ZeRO's claims about communication (ZeRO §7: 2Ψ for data parallelism and ZeRO-1/2, 3Ψ for ZeRO-3) are
+claims about the bytes each GPU sends per step. The ledger records them from the collectives that
+actually ran, under the ring algorithm NCCL uses for large messages, so a lesson can measure "1.94Ψ at
+N = 32" rather than quote "2Ψ".
+
+Ring model, per rank r, for a full buffer of S bytes split into N chunks (chunk i as
+`torch.tensor_split` would cut it):
+- reduce-scatter: r sends every chunk but its own and receives every chunk but its left neighbour's,
+  (N-1)/N·S each way when S divides evenly;
+- all-gather: the mirror image, (N-1)/N·S;
+- all-reduce: a reduce-scatter followed by an all-gather, 2(N-1)/N·S;
+- broadcast: a pipelined ring from `src`: every rank but the last in the chain sends S, every rank but
+  `src` receives S.
+These are NCCL's bus-bandwidth factors (nccl-tests, PERFORMANCE.md): 2(N-1)/N, (N-1)/N, (N-1)/N, 1.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import asdict, dataclass, field
+
+ALL_REDUCE = "all_reduce"
+REDUCE_SCATTER = "reduce_scatter"
+ALL_GATHER = "all_gather"
+BROADCAST = "broadcast"
+BARRIER = "barrier"
+OPS = (ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER, BROADCAST, BARRIER)
+
+
+def _chunk_bytes(total_bytes: int, element_size: int, world_size: int) -> list[int]:
+    """Bytes of each of the N ring chunks, cut like `torch.tensor_split` (first chunks one larger)."""
+    numel = total_bytes // element_size
+    base, extra = divmod(numel, world_size)
+    return [(base + (1 if i < extra else 0)) * element_size for i in range(world_size)]
+
+
+def ring_bytes(
+    op: str, full_bytes: int, element_size: int, world_size: int, rank: int, src: int = 0
+) -> tuple[int, int]:
+    """(bytes sent, bytes received) by `rank` for one collective on a buffer of `full_bytes`."""
+    n = world_size
+    if n == 1 or op == BARRIER or full_bytes == 0:
+        return 0, 0
+    chunks = _chunk_bytes(full_bytes, element_size, n)
+    if op == REDUCE_SCATTER:
+        return full_bytes - chunks[rank], full_bytes - chunks[(rank - 1) % n]
+    if op == ALL_GATHER:
+        return full_bytes - chunks[(rank + 1) % n], full_bytes - chunks[rank]
+    if op == ALL_REDUCE:
+        rs_sent, rs_recv = ring_bytes(REDUCE_SCATTER, full_bytes, element_size, n, rank)
+        ag_sent, ag_recv = ring_bytes(ALL_GATHER, full_bytes, element_size, n, rank)
+        return rs_sent + ag_sent, rs_recv + ag_recv
+    if op == BROADCAST:
+        last_in_chain = (src - 1) % n
+        return (0 if rank == last_in_chain else full_bytes), (0 if rank == src else full_bytes)
+    raise ValueError(f"unknown collective {op!r}; expected one of {OPS}")
+
+
+def ring_messages(op: str, world_size: int) -> int:
+    """Sequential ring steps (each pays the link latency once): 2(N-1) for all-reduce, N-1 otherwise."""
+    if world_size == 1:
+        return 0
+    if op == ALL_REDUCE:
+        return 2 * (world_size - 1)
+    if op == BARRIER:
+        return 1
+    return world_size - 1
+
+
+@dataclass(frozen=True)
+class CommEntry:
+    """One collective as one rank saw it."""
+
+    seq: int
+    op: str
+    tag: str
+    dtype: str
+    elements: int
+    element_size: int
+    bytes_sent: int
+    bytes_received: int
+    step: int
+    phase: str
+    seconds: float
+
+    @property
+    def elements_sent(self) -> float:
+        return self.bytes_sent / self.element_size if self.element_size else 0.0
+
+
+class RankLedger:
+    """The collectives of one rank, in call order. Only its own rank thread appends to it."""
+
+    def __init__(self, rank: int, world_size: int) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self.entries: list[CommEntry] = []
+
+    def record(
+        self,
+        op: str,
+        *,
+        tag: str,
+        dtype: str,
+        full_bytes: int,
+        element_size: int,
+        step: int,
+        phase: str,
+        seconds: float,
+        src: int = 0,
+    ) -> CommEntry:
+        sent, received = ring_bytes(op, full_bytes, element_size, self.world_size, self.rank, src)
+        entry = CommEntry(
+            seq=len(self.entries),
+            op=op,
+            tag=tag,
+            dtype=dtype,
+            elements=full_bytes // element_size if element_size else 0,
+            element_size=element_size,
+            bytes_sent=sent,
+            bytes_received=received,
+            step=step,
+            phase=phase,
+            seconds=seconds,
+        )
+        self.entries.append(entry)
+        return entry
+
+
+@dataclass
+class CommSummary:
+    """Traffic of one rank (or the mean rank) over a set of entries."""
+
+    collectives: int = 0
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    elements_sent: float = 0.0
+    seconds: float = 0.0
+    by_op: dict[str, int] = field(default_factory=dict)
+    bytes_sent_by_tag: dict[str, int] = field(default_factory=dict)
+
+    def psi_multiple(self, psi: int) -> float:
+        """Elements sent per rank in multiples of Ψ, the paper's unit (ZeRO §7)."""
+        return self.elements_sent / psi
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def summarize(entries: list[CommEntry]) -> CommSummary:
+    ops: Counter[str] = Counter()
+    by_tag: defaultdict[str, int] = defaultdict(int)
+    summary = CommSummary()
+    for e in entries:
+        summary.collectives += 1
+        summary.bytes_sent += e.bytes_sent
+        summary.bytes_received += e.bytes_received
+        summary.elements_sent += e.elements_sent
+        summary.seconds += e.seconds
+        ops[e.op] += 1
+        by_tag[e.tag] += e.bytes_sent
+    summary.by_op = dict(ops)
+    summary.bytes_sent_by_tag = dict(by_tag)
+    return summary
+
+
+class CommLedger:
+    """All ranks' ledgers of one run: the counting interconnect's record."""
+
+    def __init__(self, world_size: int) -> None:
+        self.world_size = world_size
+        self.ranks = [RankLedger(r, world_size) for r in range(world_size)]
+
+    def entries(self, rank: int, *, step: int | None = None, exclude_tags: tuple[str, ...] = ()) -> list[CommEntry]:
+        return [e for e in self.ranks[rank].entries if (step is None or e.step == step) and e.tag not in exclude_tags]
+
+    def rank_summary(self, rank: int, *, step: int | None = None, exclude_tags: tuple[str, ...] = ()) -> CommSummary:
+        return summarize(self.entries(rank, step=step, exclude_tags=exclude_tags))
+
+    def mean_bytes_sent(self, *, step: int | None = None, exclude_tags: tuple[str, ...] = ()) -> float:
+        """Bytes sent per rank, averaged over ranks (the paper's "per GPU" volume)."""
+        total = sum(
+            self.rank_summary(r, step=step, exclude_tags=exclude_tags).bytes_sent for r in range(self.world_size)
+        )
+        return total / self.world_size
+
+    def mean_elements_sent(self, *, step: int | None = None, exclude_tags: tuple[str, ...] = ()) -> float:
+        total = sum(
+            self.rank_summary(r, step=step, exclude_tags=exclude_tags).elements_sent for r in range(self.world_size)
+        )
+        return total / self.world_size
+
+    def steps(self) -> list[int]:
+        return sorted({e.step for ledger in self.ranks for e in ledger.entries})
+
+
+def alpha_beta_seconds(
+    entries: list[CommEntry], world_size: int, bandwidth_bytes_per_s: float, latency_s: float = 0.0
+) -> float:
+    """Time on the wire for one rank's collectives: latency per ring step plus bytes over bandwidth.
+
+    With latency 0 this is NCCL's bus-bandwidth model: a collective on S bytes at bus bandwidth B takes
+    factor·S/B, which is exactly the ring bytes this rank sends over B.
+    """
+    if bandwidth_bytes_per_s <= 0:
+        raise ValueError(f"bandwidth must be positive, got {bandwidth_bytes_per_s} bytes/s")
+    return sum(ring_messages(e.op, world_size) * latency_s + e.bytes_sent / bandwidth_bytes_per_s for e in entries)

@@ -1,0 +1,81 @@
+"""The rank context: who am I, and where do my bytes and messages get counted.
+
+Every rank (a thread on the virtual cluster, a process under torchrun) has exactly one `RankContext`.
+It is the only global mutable state in `zero_core`, and it lives here, in a thread-local, so that 32
+rank threads in one process never see each other's rank, random generator, memory tracker or ledger.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from zero_core.comm import RankLedger
+    from zero_core.memory import MemoryTracker
+
+
+@dataclass
+class RankContext:
+    """What one rank knows about itself.
+
+    `backend` moves the data of collectives (the virtual cluster's rendezvous or torch.distributed);
+    `ledger` and `tracker` count what this rank sends and holds. `step` and `phase` label ledger
+    entries and memory events so that reports can be cut per training step and per phase.
+    """
+
+    rank: int
+    world_size: int
+    generator: torch.Generator
+    backend: Any
+    ledger: RankLedger
+    tracker: MemoryTracker
+    step: int = 0
+    phase: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+_local = threading.local()
+
+
+def current() -> RankContext:
+    """The calling rank's context; a clear error outside a rank."""
+    ctx = getattr(_local, "ctx", None)
+    if ctx is None:
+        raise RuntimeError(
+            "not inside a rank: call this from a function run by VirtualCluster.run(fn) "
+            "(or under torchrun via zero_core.launch)"
+        )
+    return ctx
+
+
+def maybe_current() -> RankContext | None:
+    return getattr(_local, "ctx", None)
+
+
+@contextmanager
+def activate(ctx: RankContext) -> Iterator[RankContext]:
+    """Make `ctx` the calling thread's rank context for the duration of the block."""
+    previous = getattr(_local, "ctx", None)
+    _local.ctx = ctx
+    try:
+        yield ctx
+    finally:
+        _local.ctx = previous
+
+
+@contextmanager
+def phase(name: str) -> Iterator[None]:
+    """Label what this rank does inside the block ("forward", "backward", ...) in its ledger and timeline."""
+    ctx = current()
+    previous = ctx.phase
+    ctx.phase = name
+    try:
+        yield
+    finally:
+        ctx.phase = previous
