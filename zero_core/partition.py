@@ -68,10 +68,20 @@ class FlatPartition:
 
     def pad(self, flat: torch.Tensor) -> torch.Tensor:
         """`flat` with zeros appended up to `padded_numel` (a new tensor)."""
-        if flat.numel() != self.numel:
-            raise ValueError(f"expected a flat tensor of {self.numel} elements, got {tuple(flat.shape)}")
-        padded = flat.new_zeros(self.padded_numel)
-        padded[: self.numel] = flat
+        return self.pack([flat])
+
+    def pack(self, tensors: list[torch.Tensor]) -> torch.Tensor:
+        """The tensors flattened one after another into a new zero-padded buffer of `padded_numel`."""
+        total = sum(t.numel() for t in tensors)
+        if total != self.numel:
+            raise ValueError(
+                f"expected {self.numel} elements in all, got {total} in shapes {[list(t.shape) for t in tensors]}"
+            )
+        padded = tensors[0].new_zeros(self.padded_numel)
+        offset = 0
+        for tensor in tensors:
+            padded[offset : offset + tensor.numel()] = tensor.reshape(-1)
+            offset += tensor.numel()
         return padded
 
     def _check_rank(self, rank: int) -> None:

@@ -1,0 +1,208 @@
+"""What every ZeRO stage shares: the training step, the loss scale, and the fp32 master-weight update.
+
+All four stages run the same algorithm (ZeRO §5: "ZeRO-DP ... retains the computational granularity
+and communication volume of DP"): forward, backward, average the gradients over the ranks, one Adam step
+on fp32 master weights, fp16 parameters refreshed from them. A stage subclass decides only where the
+bytes live, by implementing four methods:
+
+- `setup(model)`: register the buffers this rank keeps and swap in the stage's layers;
+- `sync_gradients()`: the collectives after backward (ZeRO-2/3 reduce inside backward instead);
+- `owned_gradients()`: for each layer, the averaged gradient of the elements this rank updates;
+- `publish_parameters()`: make the updated fp16 parameters available (ZeRO-1/2 all-gather them).
+
+The model's parameter layers (`model.parameter_layers`) are the unit of partitioning: each layer's
+weight and bias are flattened together and split by a `FlatPartition`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+
+from zero_core import dist
+from zero_core.context import current, phase
+from zero_core.model import GPTConfig, build_model, loss_fn, micro_batch, parameter_layers
+from zero_core.optim import AdamConfig, AdamShard, LossScaler, has_overflow, precision_dtype
+from zero_core.partition import FlatPartition, flatten, unflatten
+
+ZERO1_GRAD_SYNCS = ("reduce_scatter", "all_reduce")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything that defines a training run, identical for every stage."""
+
+    model: GPTConfig = field(default_factory=GPTConfig)
+    precision: str = "bf16"
+    adam: AdamConfig = field(default_factory=AdamConfig)
+    seed: int = 0
+    init_loss_scale: float = 2.0**16
+    zero1_grad_sync: str = "reduce_scatter"
+
+    def __post_init__(self) -> None:
+        precision_dtype(self.precision)
+        if self.zero1_grad_sync not in ZERO1_GRAD_SYNCS:
+            raise ValueError(f"zero1_grad_sync must be one of {ZERO1_GRAD_SYNCS}, got {self.zero1_grad_sync!r}")
+
+
+@dataclass
+class Layer:
+    """One parameter layer as a stage sees it: its name, parameter shapes and partition over the ranks."""
+
+    name: str
+    module: nn.Module
+    shapes: list[torch.Size]
+    partition: FlatPartition
+    master: AdamShard | None = None
+
+    @property
+    def numel(self) -> int:
+        return self.partition.numel
+
+
+class ZeroStage:
+    """The training loop every stage runs; subclasses say where parameters, gradients and states live."""
+
+    stage: int = -1
+    partitions_optimizer_states = True
+
+    def __init__(self, config: TrainConfig) -> None:
+        ctx = current()
+        self.config = config
+        self.rank, self.world_size = ctx.rank, ctx.world_size
+        self.tracker = ctx.tracker
+        self.dtype = precision_dtype(config.precision)
+        self.scaler = LossScaler.for_precision(config.precision, config.init_loss_scale)
+        self.adam_steps = 0
+        model = build_model(config.model, config.seed)
+        self.layers = [
+            Layer(
+                name,
+                module,
+                [p.shape for p in module.parameters()],
+                FlatPartition(sum(p.numel() for p in module.parameters()), ctx.world_size),
+            )
+            for name, module in parameter_layers(model)
+        ]
+        initial = {layer.name: flatten([p.detach() for p in layer.module.parameters()]) for layer in self.layers}
+        for layer in self.layers:
+            start, end = self.master_range(layer)
+            layer.master = AdamShard(initial[layer.name][start:end].clone(), config.adam, self.tracker, layer.name)
+        self.setup(model, initial)
+        self.model = model
+
+    @property
+    def psi(self) -> int:
+        """Ψ, the model's parameter count."""
+        return sum(layer.numel for layer in self.layers)
+
+    def master_range(self, layer: Layer) -> tuple[int, int]:
+        """[start, end) of the layer's flat parameters whose fp32 master this rank keeps and updates."""
+        if self.partitions_optimizer_states:
+            return layer.partition.owned_range(self.rank)
+        return 0, layer.numel
+
+    # -- what a stage implements ---------------------------------------------------------------------
+
+    def setup(self, model: nn.Module, initial: dict[str, torch.Tensor]) -> None:
+        raise NotImplementedError
+
+    def sync_gradients(self) -> None:
+        """Collectives after backward. ZeRO-2/3 reduce inside backward and do nothing here."""
+
+    def owned_gradients(self) -> list[torch.Tensor]:
+        """Per layer, the averaged, still loss-scaled gradient of the master range (low precision)."""
+        raise NotImplementedError
+
+    def store_parameters(self, layer: Layer, values: torch.Tensor) -> None:
+        """Write the updated low-precision values of the master range into the rank's parameters."""
+        raise NotImplementedError
+
+    def publish_parameters(self) -> None:
+        """Collectives after the update (ZeRO-1/2 all-gather the parameters; ZeRO-0/3 need none)."""
+
+    def zero_gradients(self) -> None:
+        raise NotImplementedError
+
+    # -- the step, the same for every stage ----------------------------------------------------------
+
+    def forward_backward(self, step: int) -> float:
+        """Forward and backward of this rank's micro-batch; returns its (unscaled) loss."""
+        inputs, targets = micro_batch(self.config.model, self.rank, step, self.config.seed)
+        with self.tracker.count_activations():
+            with phase("forward"):
+                loss = loss_fn(self.model(inputs), targets)
+            with phase("backward"):
+                (loss * self.scaler.scale).backward()
+        return loss.item()
+
+    def found_overflow(self, grads: list[torch.Tensor]) -> bool:
+        """Did any rank's gradient overflow? No rank sees every gradient, so the verdict is an all-reduce."""
+        flag = torch.tensor([float(any(has_overflow(g) for g in grads))])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, tag="overflow flag")
+        return bool(flag.item())
+
+    def optimizer_step(self) -> bool:
+        """Unscale, check for overflow, update the fp32 masters, refresh the parameters. True if taken."""
+        grads = self.owned_gradients()
+        scale = self.scaler.scale
+        if not self.scaler.update(self.found_overflow(grads)):
+            self.zero_gradients()
+            return False
+        self.adam_steps += 1
+        for layer, grad in zip(self.layers, grads, strict=True):
+            layer.master.step(grad.float() / scale, self.adam_steps)
+            self.store_parameters(layer, layer.master.master.to(self.dtype))
+        self.zero_gradients()
+        self.publish_parameters()
+        return True
+
+    def train_step(self, step: int) -> float:
+        """One full training step; returns this rank's micro-batch loss."""
+        ctx = current()
+        ctx.step = step
+        self.tracker.step = step
+        loss = self.forward_backward(step)
+        with phase("grad_sync"):
+            self.sync_gradients()
+        with phase("optimizer"), torch.no_grad():
+            self.optimizer_step()
+        return loss
+
+    def master_shards(self) -> dict[str, tuple[int, torch.Tensor]]:
+        """Per layer: (start offset, fp32 master values this rank keeps), for checking against others."""
+        return {layer.name: (self.master_range(layer)[0], layer.master.master.clone()) for layer in self.layers}
+
+    # -- helpers the stages share --------------------------------------------------------------------
+
+    def new_buffer(self, values: torch.Tensor, category: str, layer: Layer, *, padded: bool = True) -> torch.Tensor:
+        """A new flat low-precision buffer holding `values`, registered under `category`.
+
+        `padded` buffers get zeros up to a multiple of N, as reduce-scatter and all-gather need; the
+        tracker counts those zeros as padding, not as model state.
+        """
+        if not padded:
+            return self.tracker.register(values.to(self.dtype, copy=True), category, label=layer.name)
+        flat = layer.partition.pad(values.to(self.dtype))
+        return self.tracker.register(flat, category, padding_elements=layer.partition.padding, label=layer.name)
+
+    def owned_slice(self, flat: torch.Tensor, layer: Layer) -> torch.Tensor:
+        """The rank's real (unpadded) elements of a full padded flat buffer of `layer`."""
+        start, end = layer.partition.owned_range(self.rank)
+        return flat[start:end]
+
+    def chunk(self, flat: torch.Tensor, layer: Layer) -> torch.Tensor:
+        """The rank's padded chunk of a full padded flat buffer of `layer`: input of an all-gather."""
+        size = layer.partition.chunk_numel
+        return flat[self.rank * size : (self.rank + 1) * size]
+
+
+def replace_parameters(module: nn.Module, flat: torch.Tensor, shapes: list[torch.Size]) -> list[nn.Parameter]:
+    """Point `module`'s parameters at views of `flat`, so the stage's buffer is what the layer computes with."""
+    names = [name for name, _ in module.named_parameters(recurse=False)]
+    params = [nn.Parameter(view) for view in unflatten(flat, shapes)]
+    for name, param in zip(names, params, strict=True):
+        setattr(module, name, param)
+    return params

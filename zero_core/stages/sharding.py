@@ -1,0 +1,62 @@
+"""The per-layer collectives of ZeRO-2 and ZeRO-3: reduce-scatter a layer's gradient, gather its parameters.
+
+Under ZeRO-2 and ZeRO-3 no rank ever holds the whole model's gradient: each layer's gradient is computed
+in backward, packed into one transient bucket, reduce-scattered (mean) so that rank r keeps only its
+shard, and the bucket is freed (ZeRO §5.2). Under ZeRO-3 a layer's full parameters exist only between
+an all-gather right before the layer runs and a release right after (ZeRO §5.3). `LayerShard` holds one
+rank's shards of one layer and does exactly these collectives, registering every buffer it allocates.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from zero_core import dist, memory
+from zero_core.partition import unflatten
+from zero_core.stages.base import Layer
+
+
+class LayerShard:
+    """Rank r's part of one parameter layer: its gradient shard (and, under ZeRO-3, its parameter shard)."""
+
+    def __init__(self, layer: Layer, rank: int, tracker: memory.MemoryTracker, dtype: torch.dtype) -> None:
+        self.name = layer.name
+        self.shapes = layer.shapes
+        self.partition = layer.partition
+        self.rank = rank
+        self.tracker = tracker
+        self.dtype = dtype
+        chunk = layer.partition.chunk_numel
+        self.grad = tracker.register(
+            torch.zeros(chunk, dtype=dtype),
+            memory.GRAD,
+            padding_elements=layer.partition.padding_of(rank),
+            label=layer.name,
+        )
+        self.param: torch.Tensor | None = None
+
+    def reduce_scatter_gradients(self, grads: list[torch.Tensor]) -> None:
+        """Average this layer's local gradients over the ranks; keep only this rank's shard."""
+        bucket = self.tracker.register(
+            self.partition.pack(grads), memory.GRAD_BUCKET, padding_elements=self.partition.padding, label=self.name
+        )
+        dist.reduce_scatter_single(self.grad, bucket, op=dist.ReduceOp.AVG, tag=f"grad {self.name}")
+        self.tracker.release(bucket)
+
+    def gather_parameters(self) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """All-gather the full parameters (ZeRO-3): the flat buffer to release, and weight/bias views of it."""
+        flat = torch.empty(self.partition.padded_numel, dtype=self.dtype)
+        self.tracker.register(flat, memory.GATHER, padding_elements=self.partition.padding, label=self.name)
+        dist.all_gather_single(flat, self.param, tag=f"param {self.name}")
+        return flat, unflatten(flat, self.shapes)
+
+    def release_parameters(self, flat: torch.Tensor) -> None:
+        """Forget the gathered parameters: from here on only the shard exists."""
+        self.tracker.release(flat)
+
+
+def swap_module(model: nn.Module, name: str, new: nn.Module) -> None:
+    """Replace the submodule called `name` (e.g. "blocks.0.mlp.fc") by `new`."""
+    parent_name, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent_name) if parent_name else model, child, new)

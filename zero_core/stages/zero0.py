@@ -1,0 +1,54 @@
+"""ZeRO-0: plain data parallelism, the 16Ψ baseline (ZeRO §3.1, §5).
+
+Every rank holds everything: fp16 parameters (2Ψ) and gradients (2Ψ), fp32 master weights, Adam
+momentum and variance (12Ψ). After backward each layer's gradient is all-reduced (mean), 2Ψ on the
+wire per step, and every rank runs the same full Adam step: N identical copies of all model states.
+
+The layers are the model's own `nn.Linear`/`nn.Embedding`/`nn.LayerNorm`, trained by plain autograd:
+their parameters are views into one flat fp16 buffer per layer, and their `.grad`s are views into one
+flat fp16 gradient buffer per layer, so autograd accumulates straight into the buffer we all-reduce.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from zero_core import dist, memory
+from zero_core.optim import has_overflow
+from zero_core.partition import unflatten
+from zero_core.stages.base import Layer, ZeroStage, replace_parameters
+
+
+class Zero0(ZeroStage):
+    stage = 0
+    partitions_optimizer_states = False
+
+    def setup(self, model: nn.Module, initial: dict[str, torch.Tensor]) -> None:
+        self.params: dict[str, torch.Tensor] = {}
+        self.grads: dict[str, torch.Tensor] = {}
+        for layer in self.layers:
+            flat_param = self.new_buffer(initial[layer.name], memory.PARAM, layer, padded=False)
+            flat_grad = self.new_buffer(torch.zeros(layer.numel), memory.GRAD, layer, padded=False)
+            params = replace_parameters(layer.module, flat_param, layer.shapes)
+            for param, grad in zip(params, unflatten(flat_grad, layer.shapes), strict=True):
+                param.grad = grad
+            self.params[layer.name], self.grads[layer.name] = flat_param, flat_grad
+
+    def sync_gradients(self) -> None:
+        for layer in self.layers:
+            dist.all_reduce(self.grads[layer.name], op=dist.ReduceOp.AVG, tag=f"grad {layer.name}")
+
+    def owned_gradients(self) -> list[torch.Tensor]:
+        return [self.grads[layer.name] for layer in self.layers]
+
+    def found_overflow(self, grads: list[torch.Tensor]) -> bool:
+        """Every rank holds the whole averaged gradient, so each decides alone, and all decide alike."""
+        return any(has_overflow(g) for g in grads)
+
+    def store_parameters(self, layer: Layer, values: torch.Tensor) -> None:
+        self.params[layer.name].copy_(values)
+
+    def zero_gradients(self) -> None:
+        for grad in self.grads.values():
+            grad.zero_()
