@@ -22,7 +22,7 @@ import ctypes
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -69,9 +69,12 @@ class RankAborted(BaseException):
     """Raised inside a rank to unwind it after another rank failed (not an error of this rank)."""
 
 
-@dataclass(frozen=True)
+@dataclass
 class CollectiveCall:
-    """What a rank asked for: ranks must agree on everything here except `tag` and `seq`."""
+    """What a rank asked for: ranks must agree on everything here except `tag` and `seq`.
+
+    `exchange` stamps `seq`, the call's position in the rank's sequence of collectives.
+    """
 
     op: str
     dtype: str
@@ -142,6 +145,7 @@ class VirtualCluster:
         self._next_seq = [0] * n
         self._waiting: list[CollectiveCall | None] = [None] * n
         self._finished = [False] * n
+        self._finished_count = 0
         self._status = ["starting"] * n
         self._results: list[Any] = [None] * n
         self._failure: tuple[int, BaseException] | None = None
@@ -212,6 +216,7 @@ class VirtualCluster:
         finally:
             with self._cond:
                 self._finished[rank] = True
+                self._finished_count += 1
                 self._waiting[rank] = None
                 self._running -= 1
                 self._cond.notify_all()
@@ -223,18 +228,21 @@ class VirtualCluster:
         self._cond.notify_all()
 
     def _stop(self, threads: list[threading.Thread]) -> None:
-        """Let released ranks unwind; interrupt ranks busy in their own code; leave none running."""
+        """Let released ranks unwind; interrupt ranks busy in their own code; leave none running.
+
+        Each rank is interrupted once: a second `RankAborted` could land in its `finally` blocks (cutting
+        the rank's cleanup short) or inside the cluster's own bookkeeping.
+        """
         deadline = time.monotonic() + _STOP_GRACE_S
         for thread in threads:
             thread.join(max(0.0, deadline - time.monotonic()))
-        deadline = time.monotonic() + _INTERRUPT_S
         alive = [t for t in threads if t.is_alive()]
-        while alive and time.monotonic() < deadline:
-            for thread in alive:
-                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(RankAborted))
-            for thread in alive:
-                thread.join(0.05)
-            alive = [t for t in threads if t.is_alive()]
+        for thread in alive:
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(RankAborted))
+        deadline = time.monotonic() + _INTERRUPT_S
+        for thread in alive:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        alive = [t for t in alive if t.is_alive()]
         if alive:
             names = ", ".join(t.name for t in alive)
             raise ClusterError(
@@ -265,7 +273,7 @@ class VirtualCluster:
             self._raise_if_failed()
             seq = self._next_seq[rank]
             self._next_seq[rank] += 1
-            call = replace(call, seq=seq)
+            call.seq = seq
             meeting = self._pending.get(seq)
             if meeting is None:
                 meeting = self._pending[seq] = _Rendezvous(self.world_size)
@@ -312,6 +320,8 @@ class VirtualCluster:
             raise RankAborted()
 
     def _raise_if_deadlocked(self, meeting: _Rendezvous, call: CollectiveCall) -> None:
+        if not self._finished_count:
+            return
         missing = [r for r in range(self.world_size) if self._finished[r] and meeting.calls[r] is None]
         if missing:
             waiting = [r for r in range(self.world_size) if meeting.calls[r] is not None]

@@ -29,11 +29,10 @@ BARRIER = "barrier"
 OPS = (ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER, BROADCAST, BARRIER)
 
 
-def _chunk_bytes(total_bytes: int, element_size: int, world_size: int) -> list[int]:
-    """Bytes of each of the N ring chunks, cut like `torch.tensor_split` (first chunks one larger)."""
-    numel = total_bytes // element_size
-    base, extra = divmod(numel, world_size)
-    return [(base + (1 if i < extra else 0)) * element_size for i in range(world_size)]
+def _chunk_bytes(total_bytes: int, element_size: int, world_size: int, index: int) -> int:
+    """Bytes of ring chunk `index` of N, cut like `torch.tensor_split` (first chunks one larger)."""
+    base, extra = divmod(total_bytes // element_size, world_size)
+    return (base + (1 if index < extra else 0)) * element_size
 
 
 def ring_bytes(
@@ -43,11 +42,13 @@ def ring_bytes(
     n = world_size
     if n == 1 or op == BARRIER or full_bytes == 0:
         return 0, 0
-    chunks = _chunk_bytes(full_bytes, element_size, n)
+    def chunk(index: int) -> int:
+        return _chunk_bytes(full_bytes, element_size, n, index % n)
+
     if op == REDUCE_SCATTER:
-        return full_bytes - chunks[rank], full_bytes - chunks[(rank - 1) % n]
+        return full_bytes - chunk(rank), full_bytes - chunk(rank - 1)
     if op == ALL_GATHER:
-        return full_bytes - chunks[(rank + 1) % n], full_bytes - chunks[rank]
+        return full_bytes - chunk(rank + 1), full_bytes - chunk(rank)
     if op == ALL_REDUCE:
         rs_sent, rs_recv = ring_bytes(REDUCE_SCATTER, full_bytes, element_size, n, rank)
         ag_sent, ag_recv = ring_bytes(ALL_GATHER, full_bytes, element_size, n, rank)

@@ -163,7 +163,8 @@ def reduce_scatter_single(
     rank, world_size = get_rank(), get_world_size()
     if input.dtype != output.dtype:
         raise ValueError(
-            f"rank {rank}: reduce_scatter input is {input.dtype} but output is {output.dtype}; use one dtype"
+            f"rank {rank}: reduce_scatter input {list(input.shape)} is {input.dtype} but output "
+            f"{list(output.shape)} is {output.dtype}; use one dtype"
         )
     if input.numel() != output.numel() * world_size:
         raise ValueError(
@@ -203,7 +204,8 @@ def all_gather_single(
     rank, world_size = get_rank(), get_world_size()
     if input_tensor.dtype != output_tensor.dtype:
         raise ValueError(
-            f"rank {rank}: all_gather input is {input_tensor.dtype} but output is {output_tensor.dtype}; use one dtype"
+            f"rank {rank}: all_gather input {list(input_tensor.shape)} is {input_tensor.dtype} but output "
+            f"{list(output_tensor.shape)} is {output_tensor.dtype}; use one dtype"
         )
     if output_tensor.numel() != input_tensor.numel() * world_size:
         raise ValueError(

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
+from zero_core.context import maybe_current
+
 PARAM = "param.fp16"
 GRAD = "grad.fp16"
 MASTER = "master.fp32"
@@ -108,13 +110,13 @@ class MemoryTracker:
             if reg is not None:
                 reg.live_refs += 1
             elif nbytes > 0:
-                self._live[key] = _Registration(category, nbytes, padding_bytes, label, 1)
+                reg = self._live[key] = _Registration(category, nbytes, padding_bytes, label, 1)
                 self._change(category, nbytes - padding_bytes, label)
                 if padding_bytes:
                     self._change(PADDING, padding_bytes, label)
             else:
                 return tensor
-        weakref.finalize(tensor, self._drop_ref, key)
+        weakref.finalize(tensor, self._drop_ref, key, reg)
         return tensor
 
     def release(self, tensor: torch.Tensor) -> None:
@@ -128,10 +130,10 @@ class MemoryTracker:
         with self._lock:
             return self._key(tensor) in self._live
 
-    def _drop_ref(self, key: int) -> None:
+    def _drop_ref(self, key: int, reg: _Registration) -> None:
+        """A registered tensor was collected; `reg` guards against a later registration of the same address."""
         with self._lock:
-            reg = self._live.get(key)
-            if reg is None:
+            if self._live.get(key) is not reg:
                 return
             reg.live_refs -= 1
             if reg.live_refs == 0:
@@ -143,12 +145,20 @@ class MemoryTracker:
         if reg.padding_bytes:
             self._change(PADDING, -reg.padding_bytes, reg.label)
 
+    def _labels(self) -> tuple[str, int]:
+        """(phase, step) of the event: the rank context's when this is the calling rank's tracker."""
+        ctx = maybe_current()
+        if ctx is not None and ctx.tracker is self:
+            return ctx.phase, ctx.step
+        return self.phase, self.step
+
     def _change(self, category: str, delta: int, label: str) -> None:
         self._current[category] += delta
         self._total += delta
         self._peak[category] = max(self._peak[category], self._current[category])
         self._peak_total = max(self._peak_total, self._total)
         if self.record_timeline:
+            phase, step = self._labels()
             self.timeline.append(
                 MemoryEvent(
                     len(self.timeline),
@@ -157,8 +167,8 @@ class MemoryTracker:
                     delta,
                     self._total,
                     label,
-                    self.phase,
-                    self.step,
+                    phase,
+                    step,
                 )
             )
 

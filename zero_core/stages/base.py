@@ -16,6 +16,8 @@ weight and bias are flattened together and split by a `FlatPartition`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -28,6 +30,10 @@ from zero_core.optim import AdamConfig, AdamShard, LossScaler, has_overflow, pre
 from zero_core.partition import FlatPartition, flatten, unflatten
 
 ZERO1_GRAD_SYNCS = ("reduce_scatter", "all_reduce")
+
+
+def _unmeasured(phase_name: str) -> AbstractContextManager:
+    return nullcontext()
 
 
 @dataclass(frozen=True)
@@ -67,10 +73,16 @@ class ZeroStage:
 
     stage: int = -1
     partitions_optimizer_states = True
+    FUNCTIONS: dict[type[nn.Module], type[torch.autograd.Function]] = {}
+    """The autograd Function each kind of parameter layer runs through (ZeRO-2/3; plain autograd otherwise)."""
 
-    def __init__(self, config: TrainConfig) -> None:
+    def __init__(
+        self, config: TrainConfig, functions: dict[type[nn.Module], type[torch.autograd.Function]] | None = None
+    ) -> None:
+        """`functions` replaces some of the stage's layer Functions (how exercises plug in students' code)."""
         ctx = current()
         self.config = config
+        self.functions = {**self.FUNCTIONS, **(functions or {})}
         self.rank, self.world_size = ctx.rank, ctx.world_size
         self.tracker = ctx.tracker
         self.dtype = precision_dtype(config.precision)
@@ -128,16 +140,6 @@ class ZeroStage:
 
     # -- the step, the same for every stage ----------------------------------------------------------
 
-    def forward_backward(self, step: int) -> float:
-        """Forward and backward of this rank's micro-batch; returns its (unscaled) loss."""
-        inputs, targets = micro_batch(self.config.model, self.rank, step, self.config.seed)
-        with self.tracker.count_activations():
-            with phase("forward"):
-                loss = loss_fn(self.model(inputs), targets)
-            with phase("backward"):
-                (loss * self.scaler.scale).backward()
-        return loss.item()
-
     def found_overflow(self, grads: list[torch.Tensor]) -> bool:
         """Did any rank's gradient overflow? No rank sees every gradient, so the verdict is an all-reduce."""
         flag = torch.tensor([float(any(has_overflow(g) for g in grads))])
@@ -159,17 +161,24 @@ class ZeroStage:
         self.publish_parameters()
         return True
 
-    def train_step(self, step: int) -> float:
-        """One full training step; returns this rank's micro-batch loss."""
+    def train_step(self, step: int, measure: Callable[[str], AbstractContextManager] = _unmeasured) -> float:
+        """One full training step; returns this rank's (unscaled) micro-batch loss.
+
+        Each phase runs inside `measure(phase_name)`, which an experiment uses to time and count it.
+        """
         ctx = current()
-        ctx.step = step
-        self.tracker.step = step
-        loss = self.forward_backward(step)
-        with phase("grad_sync"):
+        ctx.step = self.tracker.step = step
+        inputs, targets = micro_batch(self.config.model, self.rank, step, self.config.seed)
+        with self.tracker.count_activations():
+            with phase("forward"), measure("forward"):
+                loss = loss_fn(self.model(inputs), targets)
+            with phase("backward"), measure("backward"):
+                (loss * self.scaler.scale).backward()
+        with phase("grad_sync"), measure("grad_sync"):
             self.sync_gradients()
-        with phase("optimizer"), torch.no_grad():
+        with phase("optimizer"), measure("optimizer"), torch.no_grad():
             self.optimizer_step()
-        return loss
+        return loss.item()
 
     def master_shards(self) -> dict[str, tuple[int, torch.Tensor]]:
         """Per layer: (start offset, fp32 master values this rank keeps), for checking against others."""

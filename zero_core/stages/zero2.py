@@ -95,9 +95,6 @@ class FunctionLayer(nn.Module):
         return self.function.apply(x, *self.params, self.shard, *self.extra)
 
 
-FUNCTIONS = {nn.Linear: ReduceScatterLinear, nn.Embedding: ReduceScatterEmbedding, nn.LayerNorm: ReduceScatterLayerNorm}
-
-
 def extra_arguments(module: nn.Module) -> tuple:
     """What a layer's Function needs besides its input, parameters and shard (LayerNorm's eps)."""
     return (module.eps,) if isinstance(module, nn.LayerNorm) else ()
@@ -105,6 +102,11 @@ def extra_arguments(module: nn.Module) -> tuple:
 
 class Zero2(Zero1):
     stage = 2
+    FUNCTIONS = {
+        nn.Linear: ReduceScatterLinear,
+        nn.Embedding: ReduceScatterEmbedding,
+        nn.LayerNorm: ReduceScatterLayerNorm,
+    }
 
     def setup(self, model: nn.Module, initial: dict[str, torch.Tensor]) -> None:
         self.params: dict[str, torch.Tensor] = {}
@@ -113,7 +115,7 @@ class Zero2(Zero1):
             flat_param = self.new_buffer(initial[layer.name], memory.PARAM, layer)
             shard = LayerShard(layer, self.rank, self.tracker, self.dtype)
             params = [nn.Parameter(view) for view in unflatten(flat_param, layer.shapes)]
-            function = FUNCTIONS[type(layer.module)]
+            function = self.functions[type(layer.module)]
             swap_module(model, layer.name, FunctionLayer(function, params, shard, *extra_arguments(layer.module)))
             self.params[layer.name], self.shards[layer.name] = flat_param, shard
 

@@ -97,22 +97,19 @@ class GatherLayerNorm(torch.autograd.Function):
         return grad_x, None, None, None
 
 
-FUNCTIONS = {nn.Linear: GatherLinear, nn.Embedding: GatherEmbedding, nn.LayerNorm: GatherLayerNorm}
-
-
 class Zero3(Zero2):
     stage = 3
+    FUNCTIONS = {nn.Linear: GatherLinear, nn.Embedding: GatherEmbedding, nn.LayerNorm: GatherLayerNorm}
 
     def setup(self, model: nn.Module, initial: dict[str, torch.Tensor]) -> None:
         self.shards: dict[str, LayerShard] = {}
         for layer in self.layers:
             shard = LayerShard(layer, self.rank, self.tracker, self.dtype)
-            param_shard = layer.partition.shard(initial[layer.name], self.rank).to(self.dtype)
+            shard.param = nn.Parameter(layer.partition.shard(initial[layer.name], self.rank).to(self.dtype))
             self.tracker.register(
-                param_shard, memory.PARAM, padding_elements=layer.partition.padding_of(self.rank), label=layer.name
+                shard.param, memory.PARAM, padding_elements=layer.partition.padding_of(self.rank), label=layer.name
             )
-            shard.param = nn.Parameter(param_shard)
-            function = FUNCTIONS[type(layer.module)]
+            function = self.functions[type(layer.module)]
             swap_module(
                 model, layer.name, FunctionLayer(function, [shard.param], shard, *extra_arguments(layer.module))
             )

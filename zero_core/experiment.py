@@ -1,0 +1,229 @@
+"""Run a ZeRO stage on the virtual cluster for k steps and report what it did, measured.
+
+The report holds what the course's claims are about: the loss at every step; the fp32 master weights
+(assembled from the ranks' shards, to compare stages bit for bit); each rank's model-state bytes by
+category beside the paper's formula (ZeRO §5, Figure 1); peak bytes with transients and activations;
+bytes on the wire per rank per step beside the formula (ZeRO §7); FLOPs per phase; time per step and
+time spent inside collectives.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import torch
+
+from zero_core import formulas, memory
+from zero_core.cluster import VirtualCluster
+from zero_core.comm import CommEntry, CommLedger
+from zero_core.context import current
+from zero_core.flops import FlopMeter
+from zero_core.stages import STAGES, TrainConfig
+
+OVERFLOW_TAG = "overflow flag"
+PHASES = ("forward", "backward", "grad_sync", "optimizer")
+
+
+@dataclass
+class StageReport:
+    """Everything measured about one stage's run. `to_dict()` is the JSON schema documented in the README."""
+
+    stage: int
+    world_size: int
+    steps: int
+    psi: int
+    precision: str
+    zero1_grad_sync: str
+    losses: list[float]
+    skipped_steps: int
+    model_state_bytes_mean: float
+    model_state_bytes_max: int
+    model_state_bytes_by_category_mean: dict[str, float]
+    formula_bytes: float
+    formula_ratio: float
+    padding_bytes_mean: float
+    peak_bytes_max: int
+    peak_bytes_by_category_max: dict[str, int]
+    activation_peak_bytes_max: int
+    comm_bytes_per_step_mean: float
+    comm_elements_per_step_mean: float
+    comm_psi_per_step: float
+    comm_formula_psi: float
+    comm_formula_psi_padded: float
+    overflow_flag_bytes_per_step_mean: float
+    collectives_per_step: int
+    collectives_by_op_per_step: dict[str, int]
+    flops_per_step_mean: dict[str, float]
+    step_seconds: list[float]
+    collective_seconds_per_step_mean: float
+    master_weights: dict[str, torch.Tensor] = field(repr=False, default_factory=dict)
+    ledger: CommLedger | None = field(repr=False, default=None)
+    trackers: list[memory.MemoryTracker] = field(repr=False, default_factory=list)
+    phase_spans: list[list[tuple[int, str, float, float]]] = field(repr=False, default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.repr}
+
+
+@dataclass
+class _RankResult:
+    losses: list[float]
+    master: dict[str, tuple[int, torch.Tensor]]
+    step_seconds: list[float]
+    flops: dict[str, int]
+    skipped_steps: int
+    psi: int
+    padded_numels: list[int]
+    held_bytes_by_category: dict[str, int]
+    spans: list[tuple[int, str, float, float]]
+
+
+def _train_on_rank(config: TrainConfig, stage: int, steps: int, functions: dict | None) -> _RankResult:
+    trainer = STAGES[stage](config, functions=functions)
+    tracker = current().tracker
+    flops: dict[str, int] = dict.fromkeys(PHASES, 0)
+    spans: list[tuple[int, str, float, float]] = []
+    step_seconds, losses = [], []
+    origin = time.perf_counter()
+
+    for step in range(steps):
+        last = step == steps - 1
+
+        @contextmanager
+        def measure(phase: str, step: int = step, last: bool = last) -> Iterator[None]:
+            started = time.perf_counter()
+            if last:
+                with FlopMeter() as meter:
+                    yield
+                flops[phase] = meter.flops
+            else:
+                yield
+            spans.append((step, phase, started - origin, time.perf_counter() - origin))
+
+        if last:
+            tracker.reset_peaks()
+        started = time.perf_counter()
+        losses.append(trainer.train_step(step, measure))
+        step_seconds.append(time.perf_counter() - started)
+    return _RankResult(
+        losses=losses,
+        master=trainer.master_shards(),
+        step_seconds=step_seconds,
+        flops=flops,
+        skipped_steps=trainer.scaler.skipped_steps,
+        psi=trainer.psi,
+        padded_numels=[layer.partition.padded_numel for layer in trainer.layers],
+        held_bytes_by_category=tracker.current_by_category(),
+        spans=spans,
+    )
+
+
+def assemble_master_weights(shards_per_rank: list[dict[str, tuple[int, torch.Tensor]]]) -> dict[str, torch.Tensor]:
+    """Each layer's full fp32 master vector, stitched from the ranks' (offset, values) shards."""
+    pieces: dict[str, dict[int, torch.Tensor]] = {}
+    for shards in shards_per_rank:
+        for name, (start, values) in shards.items():
+            if values.numel():
+                pieces.setdefault(name, {})[start] = values
+    return {name: torch.cat([by_start[s] for s in sorted(by_start)]) for name, by_start in pieces.items()}
+
+
+def run_stage(
+    stage: int,
+    world_size: int,
+    steps: int,
+    config: TrainConfig | None = None,
+    *,
+    functions: dict | None = None,
+    timeout_s: float = 60.0,
+) -> StageReport:
+    """Train `stage` on `world_size` virtual GPUs for `steps` steps and measure it."""
+    if stage not in STAGES:
+        raise ValueError(f"unknown stage {stage}; choose from {sorted(STAGES)}")
+    if steps < 1:
+        raise ValueError(f"steps must be at least 1, got {steps}")
+    config = config or TrainConfig()
+    cluster = VirtualCluster(world_size, timeout_s=timeout_s, seed=config.seed)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        results: list[_RankResult] = cluster.run(_train_on_rank, config, stage, steps, functions)
+    finally:
+        torch.set_num_threads(threads)
+    return _report(stage, world_size, steps, config, cluster, results)
+
+
+def _report(
+    stage: int, n: int, steps: int, config: TrainConfig, cluster: VirtualCluster, results: list[_RankResult]
+) -> StageReport:
+    psi = results[0].psi
+    padded_psi = sum(results[0].padded_numels)
+    element_bytes = {"fp16": 2, "bf16": 2, "fp32": 4}[config.precision]
+    trackers = cluster.trackers
+    by_category = [r.held_bytes_by_category for r in results]
+    state_bytes = [sum(c[k] for k in memory.MODEL_STATES) for c in by_category]
+    formula = formulas.model_state_bytes(stage, psi, n, param_bytes=element_bytes, grad_bytes=element_bytes)
+    last = steps - 1
+    ledger = cluster.ledger
+    comm_bytes = ledger.mean_bytes_sent(step=last, exclude_tags=(OVERFLOW_TAG,))
+    comm_elements = ledger.mean_elements_sent(step=last, exclude_tags=(OVERFLOW_TAG,))
+    rank0_last = ledger.rank_summary(0, step=last)
+    comm_formula = formulas.comm_elements(stage, psi, n, exact=True, zero1_grad_sync=config.zero1_grad_sync)
+    comm_formula_padded = formulas.comm_elements(stage, padded_psi, n, exact=True, zero1_grad_sync=config.zero1_grad_sync)
+    if stage == 0:
+        comm_formula_padded = comm_formula
+    step_seconds = [max(r.step_seconds[k] for r in results) for k in range(steps)]
+    return StageReport(
+        stage=stage,
+        world_size=n,
+        steps=steps,
+        psi=psi,
+        precision=config.precision,
+        zero1_grad_sync=config.zero1_grad_sync,
+        losses=[sum(r.losses[k] for r in results) / n for k in range(steps)],
+        skipped_steps=results[0].skipped_steps,
+        model_state_bytes_mean=sum(state_bytes) / n,
+        model_state_bytes_max=max(state_bytes),
+        model_state_bytes_by_category_mean={k: sum(c[k] for c in by_category) / n for k in memory.MODEL_STATES},
+        formula_bytes=formula,
+        formula_ratio=(sum(state_bytes) / n) / formula,
+        padding_bytes_mean=sum(c[memory.PADDING] for c in by_category) / n,
+        peak_bytes_max=max(t.peak_bytes() for t in trackers),
+        peak_bytes_by_category_max={k: max(t.peak_bytes(k) for t in trackers) for k in memory.CATEGORIES},
+        activation_peak_bytes_max=max(t.peak_bytes(memory.ACTIVATIONS) for t in trackers),
+        comm_bytes_per_step_mean=comm_bytes,
+        comm_elements_per_step_mean=comm_elements,
+        comm_psi_per_step=comm_elements / psi,
+        comm_formula_psi=comm_formula / psi,
+        comm_formula_psi_padded=comm_formula_padded / psi,
+        overflow_flag_bytes_per_step_mean=ledger.mean_bytes_sent(step=last) - comm_bytes,
+        collectives_per_step=rank0_last.collectives,
+        collectives_by_op_per_step=rank0_last.by_op,
+        flops_per_step_mean={p: sum(r.flops[p] for r in results) / n for p in PHASES},
+        step_seconds=step_seconds,
+        collective_seconds_per_step_mean=sum(ledger.rank_summary(r, step=last).seconds for r in range(n)) / n,
+        master_weights=assemble_master_weights([r.master for r in results]),
+        ledger=ledger,
+        trackers=trackers,
+        phase_spans=[r.spans for r in results],
+    )
+
+
+def compare_stages(
+    stages: list[int],
+    world_size: int,
+    steps: int,
+    config: TrainConfig | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> list[StageReport]:
+    """Run several stages with the same configuration; `progress(stage)` is called after each."""
+    reports = []
+    for stage in stages:
+        reports.append(run_stage(stage, world_size, steps, config))
+        if progress:
+            progress(stage)
+    return reports
