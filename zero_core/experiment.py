@@ -19,7 +19,7 @@ import torch
 
 from zero_core import formulas, memory
 from zero_core.cluster import VirtualCluster
-from zero_core.comm import CommEntry, CommLedger
+from zero_core.comm import CommLedger
 from zero_core.context import current
 from zero_core.flops import FlopMeter
 from zero_core.stages import STAGES, TrainConfig
@@ -82,7 +82,9 @@ class _RankResult:
     spans: list[tuple[int, str, float, float]]
 
 
-def _train_on_rank(config: TrainConfig, stage: int, steps: int, functions: dict | None) -> _RankResult:
+def _train_on_rank(
+    config: TrainConfig, stage: int, steps: int, functions: dict | None, on_step: Callable[[int], None] | None
+) -> _RankResult:
     trainer = STAGES[stage](config, functions=functions)
     tracker = current().tracker
     flops: dict[str, int] = dict.fromkeys(PHASES, 0)
@@ -109,6 +111,8 @@ def _train_on_rank(config: TrainConfig, stage: int, steps: int, functions: dict 
         started = time.perf_counter()
         losses.append(trainer.train_step(step, measure))
         step_seconds.append(time.perf_counter() - started)
+        if on_step is not None and trainer.rank == 0:
+            on_step(step)
     return _RankResult(
         losses=losses,
         master=trainer.master_shards(),
@@ -140,8 +144,12 @@ def run_stage(
     *,
     functions: dict | None = None,
     timeout_s: float = 60.0,
+    on_step: Callable[[int], None] | None = None,
 ) -> StageReport:
-    """Train `stage` on `world_size` virtual GPUs for `steps` steps and measure it."""
+    """Train `stage` on `world_size` virtual GPUs for `steps` steps and measure it.
+
+    `functions` swaps in other layer Functions (exercises); `on_step(step)` runs on rank 0 after each step.
+    """
     if stage not in STAGES:
         raise ValueError(f"unknown stage {stage}; choose from {sorted(STAGES)}")
     if steps < 1:
@@ -151,7 +159,7 @@ def run_stage(
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        results: list[_RankResult] = cluster.run(_train_on_rank, config, stage, steps, functions)
+        results: list[_RankResult] = cluster.run(_train_on_rank, config, stage, steps, functions, on_step)
     finally:
         torch.set_num_threads(threads)
     return _report(stage, world_size, steps, config, cluster, results)
@@ -173,7 +181,9 @@ def _report(
     comm_elements = ledger.mean_elements_sent(step=last, exclude_tags=(OVERFLOW_TAG,))
     rank0_last = ledger.rank_summary(0, step=last)
     comm_formula = formulas.comm_elements(stage, psi, n, exact=True, zero1_grad_sync=config.zero1_grad_sync)
-    comm_formula_padded = formulas.comm_elements(stage, padded_psi, n, exact=True, zero1_grad_sync=config.zero1_grad_sync)
+    comm_formula_padded = formulas.comm_elements(
+        stage, padded_psi, n, exact=True, zero1_grad_sync=config.zero1_grad_sync
+    )
     if stage == 0:
         comm_formula_padded = comm_formula
     step_seconds = [max(r.step_seconds[k] for r in results) for k in range(steps)]
@@ -218,12 +228,30 @@ def compare_stages(
     world_size: int,
     steps: int,
     config: TrainConfig | None = None,
-    progress: Callable[[int], None] | None = None,
+    on_step: Callable[[int], None] | None = None,
 ) -> list[StageReport]:
-    """Run several stages with the same configuration; `progress(stage)` is called after each."""
-    reports = []
-    for stage in stages:
-        reports.append(run_stage(stage, world_size, steps, config))
-        if progress:
-            progress(stage)
-    return reports
+    """Run several stages with the same configuration, one after another."""
+    return [run_stage(stage, world_size, steps, config, on_step=on_step) for stage in stages]
+
+
+@dataclass(frozen=True)
+class Equivalence:
+    """How far a stage's training is from ZeRO-0's: the course's claim is 0.0 for both."""
+
+    stage: int
+    final_loss: float
+    max_loss_delta: float
+    max_master_delta: float
+
+    @property
+    def bit_identical(self) -> bool:
+        return self.max_loss_delta == 0.0 and self.max_master_delta == 0.0
+
+
+def equivalence(reference: StageReport, report: StageReport) -> Equivalence:
+    """Max |Δloss| over all steps and max |Δ fp32 master weight| of `report` against `reference`."""
+    loss_delta = max(abs(a - b) for a, b in zip(reference.losses, report.losses, strict=True))
+    master_delta = max(
+        (reference.master_weights[name] - values).abs().max().item() for name, values in report.master_weights.items()
+    )
+    return Equivalence(report.stage, report.losses[-1], loss_delta, master_delta)

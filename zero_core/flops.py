@@ -17,7 +17,16 @@ from torch.utils.flop_counter import flop_registry
 
 aten = torch.ops.aten
 ELEMENTWISE = {
-    aten.add, aten.add_, aten.sub, aten.sub_, aten.mul, aten.mul_, aten.div, aten.div_, aten.sqrt, aten.sqrt_,
+    aten.add,
+    aten.add_,
+    aten.sub,
+    aten.sub_,
+    aten.mul,
+    aten.mul_,
+    aten.div,
+    aten.div_,
+    aten.sqrt,
+    aten.sqrt_,
 }
 
 

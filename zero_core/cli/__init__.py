@@ -1,0 +1,38 @@
+"""The command line: one module per subcommand, each with `add_parser(subparsers)` and `run(args) -> int`.
+
+Bad input never shows a traceback: argument errors and `ValueError`s raised while checking input end in
+one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from zero_core.cli import compare
+from zero_core.cli.errors import UsageError
+
+COMMANDS = {"compare": compare}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2, as argparse does but without the usage block
+        sys.stderr.write(f"{self.prog}: error: {message} (see --help)\n")
+        sys.exit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m zero_core", description=__doc__.splitlines()[0])
+    subparsers = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    for module in COMMANDS.values():
+        module.add_parser(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command].run(args)
+    except UsageError as error:
+        sys.stderr.write(f"python -m zero_core {args.command}: error: {error}\n")
+        return 2

@@ -1,0 +1,228 @@
+"""`python -m zero_core compare`: train the four stages on the virtual cluster and compare them.
+
+Prints the model-states table (memory per GPU against the paper's formula, traffic per step), the
+equivalence table (every stage against ZeRO-0), the compute table and the memory breakdown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from tqdm import tqdm
+
+from zero_core.cli.errors import UsageError
+from zero_core.cli.render import mb, table
+from zero_core.cluster import MAX_WORLD_SIZE
+from zero_core.experiment import Equivalence, StageReport, compare_stages, equivalence
+from zero_core.model import PRESETS, count_parameters, preset
+from zero_core.stages import TrainConfig
+from zero_core.stages.base import ZERO1_GRAD_SYNCS
+
+PARTITIONED = {0: "nothing", 1: "optimizer states", 2: "+ gradients", 3: "+ parameters"}
+FORMULA = {0: "16Ψ", 1: "4Ψ + 12Ψ/N", 2: "2Ψ + 14Ψ/N", 3: "16Ψ/N"}
+MAX_STEPS = 10_000
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("compare", help="train ZeRO-0..3 on N virtual GPUs and compare memory, traffic, loss")
+    p.add_argument("--world-size", type=int, default=32, help="number of virtual GPUs (default 32)")
+    p.add_argument("--steps", type=int, default=3, help="training steps per stage (default 3)")
+    p.add_argument("--stages", default="0,1,2,3", help="comma-separated stages (default 0,1,2,3)")
+    p.add_argument("--preset", default="tiny", help=f"model size: {', '.join(PRESETS)} (default tiny)")
+    p.add_argument("--precision", default="bf16", choices=["bf16", "fp16", "fp32"], help="training precision")
+    p.add_argument(
+        "--zero1-grad-sync",
+        default="reduce_scatter",
+        choices=ZERO1_GRAD_SYNCS,
+        help="ZeRO-1 gradient sync: the paper's reduce-scatter or DeepSpeed's all-reduce",
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", metavar="PATH", help="also write every measurement as JSON (schema in README)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def parse_stages(text: str) -> list[int]:
+    try:
+        stages = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise UsageError(f"--stages takes stage numbers like 0,1,2,3, got {text!r}") from None
+    bad = [s for s in stages if s not in (0, 1, 2, 3)]
+    if bad or not stages:
+        raise UsageError(f"--stages takes stages from 0 to 3, like 0,1,2,3; got {text!r}")
+    return sorted(set(stages))
+
+
+def check(args: argparse.Namespace) -> list[int]:
+    if not 1 <= args.world_size <= MAX_WORLD_SIZE:
+        raise UsageError(f"--world-size must be between 1 and {MAX_WORLD_SIZE}, got {args.world_size}")
+    if not 1 <= args.steps <= MAX_STEPS:
+        raise UsageError(f"--steps must be between 1 and {MAX_STEPS}, got {args.steps}")
+    if args.preset not in PRESETS:
+        raise UsageError(f"unknown --preset {args.preset!r}; choose one of {', '.join(PRESETS)}")
+    if args.json:
+        folder = Path(args.json).resolve().parent
+        if not folder.is_dir():
+            raise UsageError(f"--json: folder {folder} does not exist")
+    return parse_stages(args.stages)
+
+
+def run(args: argparse.Namespace) -> int:
+    stages = check(args)
+    model = preset(args.preset)
+    config = TrainConfig(model=model, precision=args.precision, seed=args.seed, zero1_grad_sync=args.zero1_grad_sync)
+    psi = count_parameters(model)
+    print(
+        f"ZeRO on {args.world_size} virtual GPUs: {args.preset} GPT, Ψ = {psi:,} parameters, {args.precision}, "
+        f"{args.steps} step(s), micro-batch {model.micro_batch_size}x{model.block_size} per GPU"
+    )
+    with tqdm(
+        total=len(stages) * args.steps,
+        desc="training",
+        unit="step",
+        disable=args.no_progress,
+        file=sys.stderr,
+        leave=False,
+    ) as bar:
+        reports = compare_stages(stages, args.world_size, args.steps, config, on_step=lambda step: bar.update())
+    reference = next((r for r in reports if r.stage == 0), reports[0])
+    equivalences = [equivalence(reference, r) for r in reports]
+    print()
+    print(render(reports, equivalences, reference))
+    if args.json:
+        write_json(Path(args.json), args, psi, reports, equivalences)
+        print(f"\nwrote {args.json}")
+    return 0
+
+
+def render(reports: list[StageReport], equivalences: list[Equivalence], reference: StageReport) -> str:
+    psi = reports[0].psi
+    states = table(
+        [
+            "stage",
+            "partitioned",
+            "measured/GPU",
+            "formula",
+            "formula bytes",
+            "ratio",
+            "comm/step/GPU",
+            "formula",
+            "collectives/step",
+        ],
+        [
+            [
+                f"ZeRO-{r.stage}",
+                PARTITIONED[r.stage],
+                f"{mb(r.model_state_bytes_mean)} ({r.model_state_bytes_mean / psi:.2f}Ψ)",
+                FORMULA[r.stage],
+                mb(r.formula_bytes),
+                f"{r.formula_ratio:.4f}",
+                f"{r.comm_psi_per_step:.4f}Ψ",
+                f"{r.comm_formula_psi:.4f}Ψ",
+                str(r.collectives_per_step),
+            ]
+            for r in reports
+        ],
+        title="Model states per GPU (mean over ranks; padding reported apart) and traffic per GPU per step",
+    )
+    same = table(
+        [
+            "stage",
+            f"loss at step {reports[0].steps - 1}",
+            f"max |Δloss| vs ZeRO-{reference.stage}",
+            "max |Δmaster weight|",
+            "bit-identical",
+        ],
+        [
+            [
+                f"ZeRO-{e.stage}",
+                f"{e.final_loss:.6f}",
+                f"{e.max_loss_delta:.1e}",
+                f"{e.max_master_delta:.1e}",
+                "yes" if e.bit_identical else "NO",
+            ]
+            for e in equivalences
+        ],
+        title="Equivalence: the same training, whatever the stage",
+    )
+    compute = table(
+        ["stage", "fwd GFLOP/GPU", "bwd GFLOP/GPU", "optimizer MFLOP/GPU", "step time", "in collectives"],
+        [
+            [
+                f"ZeRO-{r.stage}",
+                f"{r.flops_per_step_mean['forward'] / 1e9:.3f}",
+                f"{r.flops_per_step_mean['backward'] / 1e9:.3f}",
+                f"{r.flops_per_step_mean['optimizer'] / 1e6:.2f}",
+                f"{r.step_seconds[-1]:.2f} s",
+                f"{r.collective_seconds_per_step_mean:.2f} s",
+            ]
+            for r in reports
+        ],
+        title="Compute per GPU per step (last step)",
+    )
+    breakdown = table(
+        [
+            "stage",
+            "param",
+            "grad",
+            "master",
+            "adam m",
+            "adam v",
+            "padding",
+            "gather peak",
+            "bucket peak",
+            "activations peak",
+            "peak total",
+        ],
+        [
+            [
+                f"ZeRO-{r.stage}",
+                *(
+                    mb(r.model_state_bytes_by_category_mean[c])
+                    for c in ("param.fp16", "grad.fp16", "master.fp32", "adam.m", "adam.v")
+                ),
+                mb(r.padding_bytes_mean),
+                mb(r.peak_bytes_by_category_max["gather.fp16"]),
+                mb(r.peak_bytes_by_category_max["grad.bucket"]),
+                mb(r.activation_peak_bytes_max),
+                mb(r.peak_bytes_max),
+            ]
+            for r in reports
+        ],
+        title="Memory breakdown per GPU (model states: mean over ranks; peaks: max over ranks, last step)",
+    )
+    return "\n\n".join([states, same, compute, breakdown])
+
+
+def write_json(
+    path: Path, args: argparse.Namespace, psi: int, reports: list[StageReport], equivalences: list[Equivalence]
+) -> None:
+    """Write atomically: a reader never sees half a file."""
+    data = {
+        "schema": "zero-course/compare/1",
+        "world_size": args.world_size,
+        "steps": args.steps,
+        "preset": args.preset,
+        "precision": args.precision,
+        "zero1_grad_sync": args.zero1_grad_sync,
+        "psi": psi,
+        "stages": [r.to_dict() for r in reports],
+        "equivalence": [
+            {
+                "stage": e.stage,
+                "final_loss": e.final_loss,
+                "max_loss_delta": e.max_loss_delta,
+                "max_master_delta": e.max_master_delta,
+                "bit_identical": e.bit_identical,
+            }
+            for e in equivalences
+        ],
+    }
+    fd, tmp = tempfile.mkstemp(dir=path.resolve().parent, suffix=".tmp")
+    with os.fdopen(fd, "w") as handle:
+        json.dump(data, handle, indent=2)
+    os.replace(tmp, path)
