@@ -64,6 +64,8 @@ class StageReport:
     ledger: CommLedger | None = field(repr=False, default=None)
     trackers: list[memory.MemoryTracker] = field(repr=False, default_factory=list)
     phase_spans: list[list[tuple[int, str, float, float]]] = field(repr=False, default_factory=list)
+    rank_origins_s: list[float] = field(repr=False, default_factory=list)
+    """Per rank, the `time.perf_counter()` its `phase_spans` are relative to (`CommEntry.started_s` is absolute)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.repr}
@@ -80,6 +82,7 @@ class _RankResult:
     padded_numels: list[int]
     held_bytes_by_category: dict[str, int]
     spans: list[tuple[int, str, float, float]]
+    origin_s: float
 
 
 def _train_on_rank(
@@ -123,6 +126,7 @@ def _train_on_rank(
         padded_numels=[layer.partition.padded_numel for layer in trainer.layers],
         held_bytes_by_category=tracker.current_by_category(),
         spans=spans,
+        origin_s=origin,
     )
 
 
@@ -220,6 +224,7 @@ def _report(
         ledger=ledger,
         trackers=trackers,
         phase_spans=[r.spans for r in results],
+        rank_origins_s=[r.origin_s for r in results],
     )
 
 

@@ -1,0 +1,73 @@
+"""Where the bytes live: per-rank model states equal the paper's formulas exactly; transients stay small."""
+
+from __future__ import annotations
+
+import pytest
+
+from zero_core import formulas, memory
+from zero_core.experiment import run_stage
+from zero_core.model import build_model, parameter_layers, preset
+from zero_core.partition import FlatPartition
+from zero_core.stages import TrainConfig
+
+MICRO = TrainConfig(model=preset("micro"))
+ELEMENT_BYTES = 2
+
+
+def layer_numels(config: TrainConfig) -> list[int]:
+    model = build_model(config.model)
+    return [sum(p.numel() for p in module.parameters()) for _, module in parameter_layers(model)]
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 7, 32])
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_model_state_bytes_equal_the_formula_exactly(stage: int, world_size: int) -> None:
+    report = run_stage(stage, world_size, 1, MICRO)
+    assert report.model_state_bytes_mean == formulas.model_state_bytes(stage, report.psi, world_size)
+    assert report.formula_ratio == 1.0
+    expected = formulas.model_state_breakdown(stage, report.psi, world_size)
+    for category, value in expected.items():
+        assert report.model_state_bytes_by_category_mean[category] == pytest.approx(value, rel=1e-12)
+
+
+def test_padding_is_reported_apart_when_n_does_not_divide_the_layers() -> None:
+    report = run_stage(3, 7, 1, MICRO)
+    expected_padding = sum(FlatPartition(n, 7).padding for n in layer_numels(MICRO)) * ELEMENT_BYTES * 2 / 7
+    assert report.padding_bytes_mean == pytest.approx(expected_padding)
+    assert report.padding_bytes_mean > 0
+
+
+def test_zero2_never_materializes_a_full_gradient() -> None:
+    world_size = 4
+    report = run_stage(2, world_size, 2, MICRO)
+    numels = layer_numels(MICRO)
+    shard_bytes = sum(FlatPartition(n, world_size).chunk_numel for n in numels) * ELEMENT_BYTES
+    largest_layer_bytes = max(FlatPartition(n, world_size).padded_numel for n in numels) * ELEMENT_BYTES
+    full_gradient_bytes = sum(numels) * ELEMENT_BYTES
+    grad_peak = report.peak_bytes_by_category_max[memory.GRAD]
+    assert grad_peak <= shard_bytes < full_gradient_bytes
+    assert report.peak_bytes_by_category_max[memory.GRAD_BUCKET] <= largest_layer_bytes
+
+
+def test_zero1_keeps_the_full_gradient_resident() -> None:
+    report = run_stage(1, 4, 1, MICRO)
+    assert report.model_state_bytes_by_category_mean[memory.GRAD] == report.psi * ELEMENT_BYTES
+
+
+def test_zero3_holds_at_most_one_layers_gathered_parameters() -> None:
+    world_size = 4
+    report = run_stage(3, world_size, 2, MICRO)
+    largest = max(FlatPartition(n, world_size).padded_numel for n in layer_numels(MICRO)) * ELEMENT_BYTES
+    assert 0 < report.peak_bytes_by_category_max[memory.GATHER] <= largest
+    for tracker in report.trackers:
+        assert tracker.current_bytes(memory.GATHER) == 0, "a gathered parameter outlived its layer"
+
+
+def test_zero3_gathers_never_overlap_in_time() -> None:
+    report = run_stage(3, 2, 1, MICRO)
+    live = 0
+    for event in report.trackers[1].timeline:
+        if event.category == memory.GATHER:
+            live += 1 if event.delta_bytes > 0 else -1
+            assert live <= 1, f"two layers' parameters were gathered at once (at {event.label})"
+    assert live == 0
