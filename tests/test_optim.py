@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import pytest
 import torch
 
@@ -30,10 +32,10 @@ def test_adam_on_slices_gives_the_same_bits_as_on_the_whole() -> None:
     grads = [torch.randn(1037, generator=generator) for _ in range(3)]
     whole = AdamShard(start.clone(), AdamConfig(), MemoryTracker(), "whole")
     bounds = [0, 5, 333, 334, 1000, 1037]
-    pieces = [AdamShard(start[a:b].clone(), AdamConfig(), MemoryTracker(), "piece") for a, b in zip(bounds, bounds[1:])]
+    pieces = [AdamShard(start[a:b].clone(), AdamConfig(), MemoryTracker(), "piece") for a, b in pairwise(bounds)]
     for step, grad in enumerate(grads, start=1):
         whole.step(grad, step)
-        for piece, a, b in zip(pieces, bounds, bounds[1:]):
+        for piece, (a, b) in zip(pieces, pairwise(bounds), strict=True):
             piece.step(grad[a:b], step)
     assert torch.equal(torch.cat([p.master for p in pieces]), whole.master)
 
