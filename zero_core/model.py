@@ -19,6 +19,7 @@ from importlib import resources
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 DATA_FILE = "sonnets.txt"
 
@@ -43,6 +44,8 @@ class GPTConfig:
     n_embd: int = 128
     micro_batch_size: int = 4
     init_std: float = 0.02
+    activation_checkpointing: bool = False
+    """Keep only each block's input for backward and recompute the block then (ZeRO-R §6.1, Chen et al.)."""
 
     def __post_init__(self) -> None:
         if self.n_embd % self.n_head:
@@ -122,7 +125,10 @@ class GPT(nn.Module):
         positions = torch.arange(idx.size(1))
         x = self.wte(idx) + self.wpe(positions)
         for block in self.blocks:
-            x = block(x)
+            if self.config.activation_checkpointing:
+                x = checkpoint(block, x, use_reentrant=True, preserve_rng_state=False)
+            else:
+                x = block(x)
         return self.lm_head(self.ln_f(x))
 
 
