@@ -1,0 +1,347 @@
+"""The virtual cluster: SPMD runs on rank threads, and every way a run can go wrong ends fast and cleanly."""
+
+from __future__ import annotations
+
+import threading
+import time
+import traceback
+
+import pytest
+import torch
+
+from zero_core import dist
+from zero_core.cluster import (
+    ClusterError,
+    CollectiveDeadlock,
+    CollectiveMismatch,
+    CollectiveTimeout,
+    RankFailed,
+    RunTimeout,
+    VirtualCluster,
+)
+
+
+def rank_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("rank-")]
+
+
+def spin_forever() -> None:
+    count = 0
+    while True:
+        count += 1
+
+
+def test_run_returns_every_ranks_result_in_rank_order():
+    def fn(offset):
+        time.sleep(0.01 * (4 - dist.get_rank()))
+        return dist.get_rank() * 10 + offset
+
+    assert VirtualCluster(5).run(fn, 1) == [1, 11, 21, 31, 41]
+
+
+def test_each_rank_knows_its_rank_and_the_world_size():
+    assert VirtualCluster(4).run(lambda: (dist.get_rank(), dist.get_world_size())) == [(r, 4) for r in range(4)]
+
+
+def test_run_passes_keyword_arguments_to_every_rank():
+    assert VirtualCluster(2).run(lambda *, scale: scale * dist.get_rank(), scale=3) == [0, 3]
+
+
+def test_rank_generators_differ_between_ranks():
+    draws = VirtualCluster(8).run(lambda: torch.randn(16, generator=dist.current().generator))
+    for a in range(8):
+        for b in range(a + 1, 8):
+            assert not torch.equal(draws[a], draws[b]), f"ranks {a} and {b} drew the same numbers"
+
+
+def test_rank_generators_are_reproducible_across_runs_with_the_same_seed():
+    def draw():
+        return torch.randn(16, generator=dist.current().generator)
+
+    first = VirtualCluster(4, seed=7).run(draw)
+    again = VirtualCluster(4, seed=7).run(draw)
+    other_seed = VirtualCluster(4, seed=8).run(draw)
+    for rank in range(4):
+        assert torch.equal(first[rank], again[rank])
+        assert not torch.equal(first[rank], other_seed[rank])
+
+
+def test_rank_generators_do_not_depend_on_torchs_global_seed():
+    def draw():
+        return torch.randn(4, generator=dist.current().generator)
+
+    torch.manual_seed(1)
+    first = VirtualCluster(2).run(draw)
+    torch.manual_seed(2)
+    assert all(torch.equal(a, b) for a, b in zip(first, VirtualCluster(2).run(draw), strict=True))
+
+
+@pytest.mark.parametrize("world_size", [0, -1, 1.5, True])
+def test_a_world_size_that_is_not_a_positive_integer_is_rejected(world_size):
+    with pytest.raises(ValueError, match="world_size"):
+        VirtualCluster(world_size)
+
+
+def test_a_non_positive_timeout_is_rejected():
+    with pytest.raises(ValueError, match="timeout_s"):
+        VirtualCluster(2, timeout_s=0)
+
+
+@pytest.mark.timeout(10)
+def test_a_rank_that_raises_releases_the_others_within_a_second():
+    def fn():
+        if dist.get_rank() == 2:
+            raise KeyError("no such layer")
+        dist.barrier()
+
+    started = time.monotonic()
+    with pytest.raises(RankFailed) as info:
+        VirtualCluster(4, timeout_s=30.0).run(fn)
+    assert time.monotonic() - started < 1.0
+    assert info.value.rank == 2
+    assert "rank 2" in str(info.value) and "KeyError" in str(info.value)
+
+
+@pytest.mark.timeout(10)
+def test_the_error_of_a_failed_rank_chains_the_original_traceback():
+    def failing_layer():
+        raise ZeroDivisionError("division by zero in the loss")
+
+    def fn():
+        if dist.get_rank() == 1:
+            failing_layer()
+        dist.barrier()
+
+    with pytest.raises(RankFailed) as info:
+        VirtualCluster(3, timeout_s=30.0).run(fn)
+    cause = info.value.__cause__
+    assert isinstance(cause, ZeroDivisionError) and info.value.error is cause
+    frames = [frame.name for frame in traceback.extract_tb(cause.__traceback__)]
+    assert "failing_layer" in frames
+
+
+@pytest.mark.timeout(10)
+def test_the_first_failure_is_the_one_reported():
+    def fn():
+        if dist.get_rank() == 0:
+            raise RuntimeError("first")
+        time.sleep(0.3)
+        raise RuntimeError("second")
+
+    with pytest.raises(RankFailed, match="first") as info:
+        VirtualCluster(3, timeout_s=30.0).run(fn)
+    assert info.value.rank == 0
+
+
+@pytest.mark.timeout(10)
+def test_a_collective_that_times_out_says_what_every_rank_is_waiting_in():
+    def fn():
+        dist.barrier()
+        if dist.get_rank() == 2:
+            spin_forever()
+        dist.all_reduce(torch.zeros(2, 3, dtype=torch.float16), tag="grad blocks.0")
+
+    started = time.monotonic()
+    with pytest.raises(CollectiveTimeout) as info:
+        VirtualCluster(3, timeout_s=1.0).run(fn)
+    elapsed = time.monotonic() - started
+    assert 1.0 <= elapsed < 5.0
+    lines = str(info.value).splitlines()
+    for rank in (0, 1):
+        (line,) = [line for line in lines if line.strip().startswith(f"rank {rank}:")]
+        assert "waiting in all_reduce #1" in line
+        assert "tag='grad blocks.0'" in line and "float16 [2, 3]" in line and "op=SUM" in line
+    (stuck,) = [line for line in lines if line.strip().startswith("rank 2:")]
+    assert "its own code after 1 collective(s)" in stuck
+
+
+@pytest.mark.timeout(10)
+def test_a_deadlock_error_names_the_rank_that_returned_the_collective_and_the_ranks_waiting_in_it():
+    def fn():
+        if dist.get_rank() == 1:
+            time.sleep(0.2)
+            return
+        dist.broadcast(torch.zeros(5), src=0, tag="weights")
+
+    with pytest.raises(CollectiveDeadlock) as info:
+        VirtualCluster(3, timeout_s=30.0).run(fn)
+    message = str(info.value)
+    assert "rank 1 returned without calling broadcast #0 tag='weights' float32 [5] src=0" in message
+    assert "[0, 2]" in message
+
+
+@pytest.mark.timeout(10)
+def test_a_stopped_rank_runs_its_finally_blocks_to_the_end():
+    cleaned_up = threading.Event()
+
+    def fn():
+        if dist.get_rank() == 1:
+            try:
+                spin_forever()
+            finally:
+                end = time.monotonic() + 0.3
+                while time.monotonic() < end:
+                    pass
+                cleaned_up.set()
+        dist.barrier()
+
+    with pytest.raises(CollectiveTimeout):
+        VirtualCluster(2, timeout_s=0.5).run(fn)
+    assert cleaned_up.is_set()
+
+
+@pytest.mark.timeout(10)
+def test_a_rank_that_skips_a_collective_gives_the_others_a_deadlock_error_at_once():
+    def fn():
+        dist.barrier()
+        if dist.get_rank() == 3:
+            return "skipped"
+        dist.all_reduce(torch.ones(8))
+        return "reduced"
+
+    started = time.monotonic()
+    with pytest.raises(CollectiveDeadlock, match="rank 3 returned without calling all_reduce #1"):
+        VirtualCluster(4, timeout_s=30.0).run(fn)
+    assert time.monotonic() - started < 1.0
+
+
+@pytest.mark.timeout(10)
+def test_a_rank_that_calls_one_collective_too_many_gets_a_deadlock_error():
+    def fn():
+        for _ in range(2 if dist.get_rank() == 0 else 1):
+            dist.all_reduce(torch.ones(3))
+
+    with pytest.raises(CollectiveDeadlock, match="all_reduce #1"):
+        VirtualCluster(2, timeout_s=30.0).run(fn)
+
+
+MISMATCHES = {
+    "op": (lambda: dist.all_reduce(torch.ones(4)), lambda: dist.broadcast(torch.ones(4), src=0)),
+    "shape": (lambda: dist.all_reduce(torch.ones(4)), lambda: dist.all_reduce(torch.ones(5))),
+    "dtype": (lambda: dist.all_reduce(torch.ones(4)), lambda: dist.all_reduce(torch.ones(4, dtype=torch.float16))),
+    "src": (lambda: dist.broadcast(torch.ones(4), src=0), lambda: dist.broadcast(torch.ones(4), src=1)),
+    "reduce op": (
+        lambda: dist.all_reduce(torch.ones(4), op=dist.ReduceOp.SUM),
+        lambda: dist.all_reduce(torch.ones(4), op=dist.ReduceOp.MAX),
+    ),
+    "barrier": (lambda: dist.barrier(), lambda: dist.all_reduce(torch.ones(4))),
+}
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("difference", list(MISMATCHES))
+def test_ranks_that_call_different_collectives_get_a_mismatch_error_naming_both_at_once(difference):
+    on_rank_0, on_others = MISMATCHES[difference]
+
+    def fn():
+        dist.barrier()
+        if dist.get_rank() == 0:
+            time.sleep(0.05)
+            on_rank_0()
+        else:
+            on_others()
+
+    started = time.monotonic()
+    with pytest.raises(CollectiveMismatch) as info:
+        VirtualCluster(3, timeout_s=30.0).run(fn)
+    assert time.monotonic() - started < 1.0
+    message = str(info.value)
+    assert "position #1" in message and "rank 0 called" in message
+    describe = {
+        "op": ("all_reduce #1", "broadcast #1"),
+        "shape": ("float32 [4]", "float32 [5]"),
+        "dtype": ("float32 [4]", "float16 [4]"),
+        "src": ("src=0", "src=1"),
+        "reduce op": ("op=SUM", "op=MAX"),
+        "barrier": ("barrier #1", "all_reduce #1"),
+    }[difference]
+    for text in describe:
+        assert text in message
+
+
+def test_ranks_may_label_the_same_collective_with_different_tags():
+    def fn():
+        tensor = torch.ones(2)
+        dist.all_reduce(tensor, tag=f"from rank {dist.get_rank()}")
+        return tensor
+
+    assert all(torch.equal(t, torch.full((2,), 2.0)) for t in VirtualCluster(2).run(fn))
+
+
+def rank_raises():
+    if dist.get_rank() == 1:
+        raise ValueError("bad batch")
+    dist.barrier()
+
+
+def rank_skips():
+    if dist.get_rank() != 1:
+        dist.barrier()
+
+
+def ranks_mismatch():
+    if dist.get_rank() == 1:
+        dist.all_reduce(torch.ones(2))
+    else:
+        dist.barrier()
+
+
+def rank_is_stuck():
+    if dist.get_rank() == 1:
+        spin_forever()
+    dist.barrier()
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize(
+    "failing_fn, error",
+    [
+        (rank_raises, RankFailed),
+        (rank_skips, CollectiveDeadlock),
+        (ranks_mismatch, CollectiveMismatch),
+        (rank_is_stuck, CollectiveTimeout),
+    ],
+    ids=["raises", "skips", "mismatch", "stuck"],
+)
+def test_after_any_failure_no_rank_thread_is_left_and_a_new_run_works(failing_fn, error):
+    """Includes a rank stuck in `while True:`: the others time out, and the stuck thread is stopped."""
+    cluster = VirtualCluster(4, timeout_s=1.0)
+    with pytest.raises(error):
+        cluster.run(failing_fn)
+    assert rank_threads() == []
+
+    def all_reduce_rank():
+        tensor = torch.full((3,), float(dist.get_rank()))
+        dist.all_reduce(tensor)
+        return tensor
+
+    assert all(torch.equal(t, torch.full((3,), 6.0)) for t in cluster.run(all_reduce_rank))
+    assert [len(cluster.ledger.ranks[r].entries) for r in range(4)] == [1, 1, 1, 1]
+    assert rank_threads() == []
+
+
+@pytest.mark.timeout(10)
+def test_a_run_deadline_stops_ranks_that_never_communicate():
+    started = time.monotonic()
+    with pytest.raises(RunTimeout, match="deadline of 0.3 s"):
+        VirtualCluster(2, timeout_s=30.0).run(spin_forever, deadline_s=0.3)
+    assert time.monotonic() - started < 5.0
+    assert rank_threads() == []
+
+
+def test_cluster_errors_share_one_base_class():
+    for error in (RankFailed, CollectiveMismatch, CollectiveDeadlock, CollectiveTimeout, RunTimeout):
+        assert issubclass(error, ClusterError)
+
+
+@pytest.mark.timeout(60)
+def test_256_ranks_complete_an_all_reduce():
+    def fn():
+        tensor = torch.full((4,), float(dist.get_rank()))
+        dist.all_reduce(tensor)
+        return tensor
+
+    results = VirtualCluster(256, timeout_s=30.0).run(fn)
+    expected = torch.full((4,), float(sum(range(256))))
+    assert len(results) == 256 and all(torch.equal(t, expected) for t in results)
+    assert rank_threads() == []
