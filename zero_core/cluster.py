@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import _disable_current_modes
 
 from zero_core.comm import CommLedger
 from zero_core.context import RankContext, activate
@@ -292,7 +293,8 @@ class VirtualCluster:
             meeting.arrived += 1
             self._waiting[rank] = call
             if meeting.arrived == self.world_size:
-                meeting.result = combine(meeting.payloads)
+                with _disable_current_modes():  # the interconnect's arithmetic, not this rank's FLOPs
+                    meeting.result = combine(meeting.payloads)
                 meeting.payloads = []
                 meeting.done = True
                 self._cond.notify_all()
