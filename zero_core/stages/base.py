@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 
-from zero_core import dist
+from zero_core import dist, memory
 from zero_core.context import current, phase
 from zero_core.model import GPTConfig, build_model, loss_fn, micro_batch, parameter_layers
 from zero_core.optim import AdamConfig, AdamShard, LossScaler, has_overflow, precision_dtype
@@ -197,6 +197,25 @@ class ZeroStage:
         flat = layer.partition.pad(values.to(self.dtype))
         return self.tracker.register(flat, category, padding_elements=layer.partition.padding, label=layer.name)
 
+    def replicate_parameters_and_gradients(
+        self, layer: Layer, initial: torch.Tensor, *, padded: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """ZeRO-0/1: a full flat fp16 parameter buffer and gradient buffer for the layer, on every rank.
+
+        The layer's own parameters become views of the parameter buffer and their `.grad`s views of the
+        gradient buffer, so plain autograd accumulates straight into the buffer the stage communicates.
+        """
+        flat_param = self.new_buffer(initial, memory.PARAM, layer, padded=padded)
+        flat_grad = self.new_buffer(torch.zeros(layer.numel), memory.GRAD, layer, padded=padded)
+        names = [name for name, _ in layer.module.named_parameters(recurse=False)]
+        for name, param_view, grad_view in zip(
+            names, unflatten(flat_param, layer.shapes), unflatten(flat_grad, layer.shapes), strict=True
+        ):
+            param = nn.Parameter(param_view)
+            param.grad = grad_view
+            setattr(layer.module, name, param)
+        return flat_param, flat_grad
+
     def owned_slice(self, flat: torch.Tensor, layer: Layer) -> torch.Tensor:
         """The rank's real (unpadded) elements of a full padded flat buffer of `layer`."""
         start, end = layer.partition.owned_range(self.rank)
@@ -206,12 +225,3 @@ class ZeroStage:
         """The rank's padded chunk of a full padded flat buffer of `layer`: input of an all-gather."""
         size = layer.partition.chunk_numel
         return flat[self.rank * size : (self.rank + 1) * size]
-
-
-def replace_parameters(module: nn.Module, flat: torch.Tensor, shapes: list[torch.Size]) -> list[nn.Parameter]:
-    """Point `module`'s parameters at views of `flat`, so the stage's buffer is what the layer computes with."""
-    names = [name for name, _ in module.named_parameters(recurse=False)]
-    params = [nn.Parameter(view) for view in unflatten(flat, shapes)]
-    for name, param in zip(names, params, strict=True):
-        setattr(module, name, param)
-    return params

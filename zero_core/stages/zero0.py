@@ -14,10 +14,9 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from zero_core import dist, memory
+from zero_core import dist
 from zero_core.optim import has_overflow
-from zero_core.partition import unflatten
-from zero_core.stages.base import Layer, ZeroStage, replace_parameters
+from zero_core.stages.base import Layer, ZeroStage
 
 
 class Zero0(ZeroStage):
@@ -28,12 +27,9 @@ class Zero0(ZeroStage):
         self.params: dict[str, torch.Tensor] = {}
         self.grads: dict[str, torch.Tensor] = {}
         for layer in self.layers:
-            flat_param = self.new_buffer(initial[layer.name], memory.PARAM, layer, padded=False)
-            flat_grad = self.new_buffer(torch.zeros(layer.numel), memory.GRAD, layer, padded=False)
-            params = replace_parameters(layer.module, flat_param, layer.shapes)
-            for param, grad in zip(params, unflatten(flat_grad, layer.shapes), strict=True):
-                param.grad = grad
-            self.params[layer.name], self.grads[layer.name] = flat_param, flat_grad
+            self.params[layer.name], self.grads[layer.name] = self.replicate_parameters_and_gradients(
+                layer, initial[layer.name], padded=False
+            )
 
     def sync_gradients(self) -> None:
         for layer in self.layers:

@@ -17,9 +17,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from zero_core import dist, memory
-from zero_core.partition import unflatten
-from zero_core.stages.base import Layer, ZeroStage, replace_parameters
+from zero_core import dist
+from zero_core.stages.base import Layer, ZeroStage
 
 
 class Zero1(ZeroStage):
@@ -29,12 +28,9 @@ class Zero1(ZeroStage):
         self.params: dict[str, torch.Tensor] = {}
         self.grads: dict[str, torch.Tensor] = {}
         for layer in self.layers:
-            flat_param = self.new_buffer(initial[layer.name], memory.PARAM, layer)
-            flat_grad = self.new_buffer(torch.zeros(layer.numel), memory.GRAD, layer)
-            params = replace_parameters(layer.module, flat_param, layer.shapes)
-            for param, grad in zip(params, unflatten(flat_grad, layer.shapes), strict=True):
-                param.grad = grad
-            self.params[layer.name], self.grads[layer.name] = flat_param, flat_grad
+            self.params[layer.name], self.grads[layer.name] = self.replicate_parameters_and_gradients(
+                layer, initial[layer.name], padded=True
+            )
 
     def sync_gradients(self) -> None:
         for layer in self.layers:
