@@ -42,6 +42,7 @@ def ring_bytes(
     n = world_size
     if n == 1 or op == BARRIER or full_bytes == 0:
         return 0, 0
+
     def chunk(index: int) -> int:
         return _chunk_bytes(full_bytes, element_size, n, index % n)
 
@@ -85,6 +86,8 @@ class CommEntry:
     step: int
     phase: str
     seconds: float
+    started_s: float = 0.0
+    """`time.perf_counter()` when the rank entered the collective (absolute; for timelines and traces)."""
 
     @property
     def elements_sent(self) -> float:
@@ -111,6 +114,7 @@ class RankLedger:
         phase: str,
         seconds: float,
         src: int = 0,
+        started_s: float = 0.0,
     ) -> CommEntry:
         sent, received = ring_bytes(op, full_bytes, element_size, self.world_size, self.rank, src)
         entry = CommEntry(
@@ -125,6 +129,7 @@ class RankLedger:
             step=step,
             phase=phase,
             seconds=seconds,
+            started_s=started_s,
         )
         self.entries.append(entry)
         return entry

@@ -119,6 +119,7 @@ def _run(
         phase=ctx.phase,
         seconds=time.perf_counter() - started,
         src=src,
+        started_s=started,
     )
     return result
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from zero_core.cli import compare
+from zero_core.cli import compare, plan, table
 from zero_core.cli.errors import UsageError
 
-COMMANDS = {"compare": compare}
+COMMANDS = {"compare": compare, "table": table, "plan": plan}
 
 
 class _Parser(argparse.ArgumentParser):

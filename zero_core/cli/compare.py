@@ -22,6 +22,7 @@ from zero_core.experiment import Equivalence, StageReport, compare_stages, equiv
 from zero_core.model import PRESETS, count_parameters, preset
 from zero_core.stages import TrainConfig
 from zero_core.stages.base import ZERO1_GRAD_SYNCS
+from zero_core.trace import write_trace
 
 PARTITIONED = {0: "nothing", 1: "optimizer states", 2: "+ gradients", 3: "+ parameters"}
 FORMULA = {0: "16Ψ", 1: "4Ψ + 12Ψ/N", 2: "2Ψ + 14Ψ/N", 3: "16Ψ/N"}
@@ -44,6 +45,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", metavar="PATH", help="also write every measurement as JSON (schema in README)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--plots", metavar="DIR", help="also write the figures as PNGs into DIR (created if missing)")
+    p.add_argument("--trace", metavar="PATH", help="also write the last step as a Chrome trace (open in Perfetto)")
 
 
 def parse_stages(text: str) -> list[int]:
@@ -68,6 +71,10 @@ def check(args: argparse.Namespace) -> list[int]:
         folder = Path(args.json).resolve().parent
         if not folder.is_dir():
             raise UsageError(f"--json: folder {folder} does not exist")
+    if args.trace and not Path(args.trace).resolve().parent.is_dir():
+        raise UsageError(f"--trace: folder {Path(args.trace).resolve().parent} does not exist")
+    if args.plots and Path(args.plots).exists() and not Path(args.plots).is_dir():
+        raise UsageError(f"--plots: {args.plots} exists and is not a folder")
     return parse_stages(args.stages)
 
 
@@ -96,6 +103,13 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         write_json(Path(args.json), args, psi, reports, equivalences)
         print(f"\nwrote {args.json}")
+    if args.plots:
+        from zero_core.plots import save_all  # matplotlib loads only when figures are asked for
+
+        paths = save_all(reports, args.plots)
+        print(f"\nwrote {len(paths)} figures to {args.plots}: {', '.join(path.name for path in paths)}")
+    if args.trace:
+        print(f"\nwrote {write_trace(reports, args.trace)} (the last step; open it in https://ui.perfetto.dev)")
     return 0
 
 

@@ -1,0 +1,137 @@
+"""`python -m zero_core table` and `plan`: the paper's numbers at real scale, human units, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from zero_core.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_cli(argv: list[str], capsys) -> tuple[int, str, str]:
+    """Run the CLI in-process; argparse's own errors exit through SystemExit, ours return the code."""
+    try:
+        code = main(argv)
+    except SystemExit as exit_info:
+        code = exit_info.code
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def stage_line(text: str, stage: int, after: str = "") -> str:
+    """The first line of the table titled `after` (or of any table) that starts with ZeRO-`stage`."""
+    text = text[text.index(after) :] if after else text
+    return next(line for line in text.splitlines() if line.startswith(f"ZeRO-{stage} "))
+
+
+def test_table_prints_figure1_memory_for_7_5b_on_64_gpus(capsys) -> None:
+    code, out, err = run_cli(["table", "--params", "7.5B", "--gpus", "64"], capsys)
+    assert code == 0 and err == ""
+    expected = {0: "120.00 GB", 1: "31.41 GB", 2: "16.64 GB", 3: "1.88 GB"}
+    for stage, memory in expected.items():
+        assert memory in stage_line(out, stage, "Memory per GPU")
+    assert "Model states only" in out
+
+
+def test_table_says_which_stages_fit_a_32gb_gpu(capsys) -> None:
+    _, out, _ = run_cli(["table", "--params", "7.5B", "--gpus", "64"], capsys)
+    fits = {stage: stage_line(out, stage, "Memory per GPU").split()[-1] for stage in range(4)}
+    assert fits == {0: "no", 1: "yes", 2: "yes", 3: "yes"}
+
+
+def test_table_gives_ring_and_paper_traffic_and_its_time_at_50gb_per_s(capsys) -> None:
+    _, out, _ = run_cli(["table", "--params", "7.5B", "--gpus", "64", "--bandwidth", "50GB/s"], capsys)
+    zero0 = stage_line(out, 0, "Communication")
+    zero3 = stage_line(out, 3, "Communication")
+    assert all(part in zero0 for part in ("1.9688Ψ", "14.77B", "29.53 GB", "2Ψ", "30.00 GB", "600.0 ms"))
+    assert all(part in zero3 for part in ("2.9531Ψ", "22.15B", "44.30 GB", "3Ψ", "45.00 GB", "900.0 ms"))
+
+
+def test_table_sets_deepspeeds_estimates_beside_the_papers(capsys) -> None:
+    _, out, _ = run_cli(["table", "--params", "7.5B", "--gpus", "64", "--largest-layer", "100M"], capsys)
+    zero2 = stage_line(out, 2, "DeepSpeed's estimators")
+    zero3 = stage_line(out, 3, "DeepSpeed's estimators")
+    assert "2P + 18P/N" in zero2 and "17.11 GB" in zero2 and "fp32 copy" in zero2
+    assert "4L + 18P/N" in zero3 and "2.51 GB" in zero3 and "largest layer" in zero3
+
+
+def test_table_labels_gib_when_the_gpu_memory_is_given_in_gib(capsys) -> None:
+    _, out, _ = run_cli(["table", "--params", "7.5B", "--gpus", "64", "--gpu-memory", "40GiB"], capsys)
+    assert "fits 40 GiB" in out
+    assert "111.76 GiB" in stage_line(out, 0, "Memory per GPU")
+
+
+def test_table_writes_json_in_bytes(tmp_path, capsys) -> None:
+    path = tmp_path / "table.json"
+    code, _, _ = run_cli(["table", "--params", "7.5B", "--gpus", "64", "--json", str(path)], capsys)
+    data = json.loads(path.read_text())
+    assert code == 0 and data["schema"] == "zero-course/table/1" and data["model_states_only"]
+    assert [row["model_state_bytes"] for row in data["stages"]] == pytest.approx(
+        [120e9, 31.40625e9, 16.640625e9, 1.875e9]
+    )
+    assert [row["comm_psi_paper"] for row in data["stages"]] == [2, 2, 2, 3]
+
+
+def test_plan_finds_the_smallest_gpu_count_per_stage_for_13b_on_80gb(capsys) -> None:
+    code, out, err = run_cli(["plan", "--params", "13B", "--gpu-memory", "80GB"], capsys)
+    assert code == 0 and err == ""
+    smallest = {stage: stage_line(out, stage).split()[-4 if stage else -2] for stage in range(4)}
+    assert smallest == {0: "never", 1: "6", 2: "4", 3: "3"}
+    assert "78.00 GB" in stage_line(out, 1) and "69.33 GB" in stage_line(out, 3)
+    assert "Model states only" in out
+    assert "ZeRO-0 never fits" in out
+
+
+def test_plan_writes_json(tmp_path, capsys) -> None:
+    path = tmp_path / "plan.json"
+    run_cli(["plan", "--params", "7.5B", "--gpu-memory", "32GB", "--json", str(path)], capsys)
+    data = json.loads(path.read_text())
+    assert [row["smallest_n_gpus"] for row in data["stages"]] == [None, 45, 7, 4]
+    assert [row["smallest_power_of_two"] for row in data["stages"]] == [None, 64, 8, 4]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["table", "--params", "7.5X", "--gpus", "64"], "--params"),
+        (["table", "--params=-7.5B", "--gpus", "64"], "negative"),
+        (["table", "--params", "7.5B", "--gpus", "0"], "--gpus"),
+        (["table", "--params", "7.5B", "--gpus", "-4"], "--gpus"),
+        (["table", "--params", "7.5B", "--gpus", "6.5"], "--gpus"),
+        (["table", "--params", "7.5B", "--gpus", "64", "--gpu-memory=-32GB"], "negative"),
+        (["table", "--params", "7.5B", "--gpus", "64", "--gpu-memory", "0GB"], "--gpu-memory"),
+        (["table", "--params", "7.5B", "--gpus", "64", "--bandwidth", "50GB"], "--bandwidth"),
+        (["table", "--params", "7.5B", "--gpus", "64", "--bandwidth=-5GB/s"], "negative"),
+        (["table", "--params", "7.5B", "--gpus", "64", "--latency=-1us"], "--latency"),
+        (["table", "--params", "7.5B", "--gpus", "64", "--json", "/no/such/folder/t.json"], "--json"),
+        (["table", "--gpus", "64"], "--params"),
+        (["plan", "--params", "13B", "--gpu-memory", "lots"], "--gpu-memory"),
+        (["plan", "--params", "0", "--gpu-memory", "80GB"], "--params"),
+        (["plan", "--params", "13B"], "--gpu-memory"),
+    ],
+)
+def test_bad_input_gets_one_line_and_exit_code_2(argv: list[str], message: str, capsys) -> None:
+    code, out, err = run_cli(argv, capsys)
+    assert code == 2
+    assert message in err
+    assert len(err.strip().splitlines()) == 1
+    assert "Traceback" not in err and out == ""
+
+
+def test_the_table_runs_as_a_command() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "zero_core", "table", "--params", "7.5B", "--gpus", "64"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "120.00 GB" in result.stdout and "1.88 GB" in result.stdout

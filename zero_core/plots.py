@@ -1,0 +1,324 @@
+"""Figures of the course: where the bytes live per stage, what goes on the wire, and how it scales.
+
+Every function reads finished `StageReport`s (or, for `memory_vs_gpus`, only the paper's formulas) and
+returns a `matplotlib.figure.Figure` with a title, axis units and a legend. Figures are built with the
+object-oriented API and never touch pyplot's global state, so rank threads, notebooks and the headless
+CLI can draw at once; in a notebook, a returned Figure displays itself. `save_all` writes them as PNGs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
+
+from zero_core import formulas, memory
+from zero_core.units import format_count
+
+if TYPE_CHECKING:
+    from zero_core.experiment import StageReport
+
+STATE_LABELS = {
+    memory.PARAM: "param (fp16)",
+    memory.GRAD: "grad (fp16)",
+    memory.MASTER: "master (fp32)",
+    memory.ADAM_M: "adam m (fp32)",
+    memory.ADAM_V: "adam v (fp32)",
+    memory.PADDING: "padding",
+}
+STATE_COLORS = {
+    memory.PARAM: "#4C72B0",
+    memory.GRAD: "#DD8452",
+    memory.MASTER: "#55A868",
+    memory.ADAM_M: "#8172B3",
+    memory.ADAM_V: "#937860",
+    memory.PADDING: "#BBBBBB",
+}
+STAGE_COLORS = ("#4C72B0", "#DD8452", "#55A868", "#C44E52")
+PHASE_COLORS = {"forward": "#4C72B0", "backward": "#DD8452", "grad_sync": "#55A868", "optimizer": "#8172B3"}
+MEMORY_FORMULAS = {0: "16Ψ", 1: "4Ψ + 12Ψ/N", 2: "2Ψ + 14Ψ/N", 3: "16Ψ/N"}
+DEFAULT_GPU_COUNTS = tuple(2**i for i in range(11))
+_BYTE_UNITS = (("GB", 1e9), ("MB", 1e6), ("KB", 1e3), ("B", 1.0))
+
+
+def byte_unit(max_bytes: float) -> tuple[str, float]:
+    """The decimal unit (GB, MB, KB, B, as the paper counts) in which `max_bytes` reads as 1 or more."""
+    return next(((name, scale) for name, scale in _BYTE_UNITS if max_bytes >= scale), _BYTE_UNITS[-1])
+
+
+def _new_figure(width: float = 8.0, height: float = 5.0) -> Figure:
+    return Figure(figsize=(width, height), layout="constrained")
+
+
+def _stage_names(reports: Sequence[StageReport]) -> list[str]:
+    return [f"ZeRO-{r.stage}" for r in reports]
+
+
+def memory_bars(reports: Sequence[StageReport]) -> Figure:
+    """Model states per GPU by category, stacked, activations hatched on top, the formula as a marker.
+
+    The bars are the measured means over ranks (ZeRO §5, Figure 1); the markers are the paper's
+    2+2+K bytes per parameter split as the stage prescribes. Padding is drawn, never folded in.
+    """
+    fig = _new_figure()
+    ax = fig.add_subplot()
+    totals = [
+        sum(r.model_state_bytes_by_category_mean.values()) + r.padding_bytes_mean + r.activation_peak_bytes_max
+        for r in reports
+    ]
+    unit, scale = byte_unit(max(totals + [r.formula_bytes for r in reports]))
+    x = list(range(len(reports)))
+    bottoms = [0.0] * len(reports)
+    for category, label in STATE_LABELS.items():
+        values = [
+            (r.padding_bytes_mean if category == memory.PADDING else r.model_state_bytes_by_category_mean[category])
+            / scale
+            for r in reports
+        ]
+        ax.bar(x, values, bottom=bottoms, color=STATE_COLORS[category], label=label, width=0.6)
+        bottoms = [b + v for b, v in zip(bottoms, values, strict=True)]
+    activations = [r.activation_peak_bytes_max / scale for r in reports]
+    ax.bar(
+        x,
+        activations,
+        bottom=bottoms,
+        width=0.6,
+        facecolor="white",
+        edgecolor="#555555",
+        hatch="//",
+        label="activations (peak, max over ranks)",
+    )
+    ax.hlines(
+        [r.formula_bytes / scale for r in reports],
+        [xi - 0.36 for xi in x],
+        [xi + 0.36 for xi in x],
+        colors="black",
+        linewidths=2.5,
+        zorder=3,
+        label="paper's formula (model states)",
+    )
+    ax.set_xticks(x, [f"ZeRO-{r.stage}\n{MEMORY_FORMULAS[r.stage]}" for r in reports])
+    ax.set_xlabel("stage and its model-state formula (ZeRO §5)")
+    ax.set_ylabel(f"bytes per GPU ({unit})")
+    ax.set_title(f"Memory per GPU by stage (Ψ = {format_count(reports[0].psi)}, N = {reports[0].world_size})")
+    ax.legend(fontsize=8, loc="upper right")
+    return fig
+
+
+def comm_bars(reports: Sequence[StageReport]) -> Figure:
+    """Elements each GPU sends per step, in multiples of Ψ: measured on the ring beside the formula (ZeRO §7).
+
+    The measured bar excludes the loss-scaling overflow flag (a few bytes); the text on it gives the bytes.
+    The paper's large-N counts (2Ψ, 2Ψ, 2Ψ, 3Ψ) are drawn as markers.
+    """
+    fig = _new_figure()
+    ax = fig.add_subplot()
+    x = list(range(len(reports)))
+    width = 0.38
+    measured = [r.comm_psi_per_step for r in reports]
+    formula = [r.comm_formula_psi for r in reports]
+    bars = ax.bar([xi - width / 2 for xi in x], measured, width, color="#4C72B0", label="measured (ring ledger)")
+    ax.bar([xi + width / 2 for xi in x], formula, width, color="#BBBBBB", label="formula, exact ring (N-1)/N")
+    paper = [
+        formulas.comm_elements(r.stage, r.psi, r.world_size, exact=False, zero1_grad_sync=r.zero1_grad_sync) / r.psi
+        for r in reports
+    ]
+    ax.hlines(
+        paper, [xi - 0.45 for xi in x], [xi + 0.45 for xi in x], colors="black", linewidths=2.5, label="paper, N → ∞"
+    )
+    unit, scale = byte_unit(max(r.comm_bytes_per_step_mean for r in reports))
+    for bar, r in zip(bars, reports, strict=True):
+        ax.annotate(
+            f"{r.comm_bytes_per_step_mean / scale:.3g} {unit}",
+            (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+            xytext=(0, 3),
+            textcoords="offset points",
+            ha="center",
+            fontsize=8,
+        )
+    ax.set_xticks(x, _stage_names(reports))
+    ax.set_xlabel("stage")
+    ax.set_ylabel("elements sent per GPU per step (× Ψ)")
+    ax.set_ylim(0, max(paper + measured) * 1.2)
+    ax.set_title(f"Communication per GPU per step (Ψ = {format_count(reports[0].psi)}, N = {reports[0].world_size})")
+    ax.legend(fontsize=8, loc="upper left")
+    return fig
+
+
+def memory_vs_gpus(
+    psi: float, gpu_counts: Sequence[int] = DEFAULT_GPU_COUNTS, gpu_memory_bytes: float | None = None
+) -> Figure:
+    """Per-GPU model-state bytes against N for each stage, on log axes (ZeRO §5, Table 1 as curves).
+
+    ZeRO-0 stays flat at 16Ψ, ZeRO-1 and ZeRO-2 flatten out at their replicated 4Ψ and 2Ψ, and only ZeRO-3
+    keeps falling as 16Ψ/N. A horizontal line marks the GPU's memory when given.
+    """
+    fig = _new_figure()
+    ax = fig.add_subplot()
+    counts = sorted(gpu_counts)
+    values = {stage: [formulas.model_state_bytes(stage, psi, n) for n in counts] for stage in formulas.STAGES}
+    unit, scale = byte_unit(max(values[0]))
+    for stage, color in zip(formulas.STAGES, STAGE_COLORS, strict=True):
+        ax.plot(
+            counts,
+            [v / scale for v in values[stage]],
+            marker="o",
+            markersize=4,
+            color=color,
+            label=f"ZeRO-{stage}: {MEMORY_FORMULAS[stage]}",
+        )
+    if gpu_memory_bytes is not None:
+        ax.axhline(
+            gpu_memory_bytes / scale,
+            color="black",
+            linestyle="--",
+            label=f"GPU memory ({gpu_memory_bytes / scale:g} {unit})",
+        )
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+    ax.set_xlabel("data-parallel GPUs N (log scale)")
+    ax.set_ylabel(f"model states per GPU ({unit}, log scale)")
+    ax.set_title(f"Model states per GPU vs N (Ψ = {format_count(psi)}; fp16 + Adam, K = 12)")
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize=8)
+    return fig
+
+
+def _step_events(report: StageReport, rank: int, step: int) -> list[tuple[float, int, int, str]]:
+    """(seconds, total bytes, transient bytes, phase) after each memory event of `step` on `rank`.
+
+    Running sums over the whole timeline give the bytes held per category at every event. Events after
+    the step's last phase (the run's teardown) are left out; the first point is the total before the step.
+    """
+    held = dict.fromkeys(memory.CATEGORIES, 0)
+    points: list[tuple[float, int, int, str]] = []
+    for event in report.trackers[rank].timeline:
+        if event.step == step and not points:
+            points.append((event.seconds, event.total_bytes - event.delta_bytes, _transient(held), ""))
+        held[event.category] += event.delta_bytes
+        if event.step == step:
+            points.append((event.seconds, event.total_bytes, _transient(held), event.phase))
+        elif event.step > step:
+            break
+    while points and not points[-1][3]:
+        points.pop()
+    return points
+
+
+def _transient(held: dict[str, int]) -> int:
+    return sum(held[c] for c in memory.TRANSIENTS)
+
+
+def memory_timeline(report: StageReport, ranks: Sequence[int] = (0,), step: int | None = None) -> Figure:
+    """One step's memory over time on each of `ranks`: the total after every allocation and release.
+
+    Time runs on each rank's memory-ledger clock from the step's first event; phases are shaded over the
+    events that carry their label, for the first rank drawn (a phase that allocates nothing, like ZeRO-0's
+    in-place all-reduce or the optimizer step, has no events to shade). ZeRO-3's gathered layers show as
+    spikes (ZeRO §5.3: one layer at a time); the filled band is the transients (gathered parameters,
+    gradient buckets) inside the total.
+    """
+    step = report.steps - 1 if step is None else step
+    if not 0 <= step < report.steps:
+        raise ValueError(f"step must be in 0..{report.steps - 1} for this report, got {step}")
+    series = {rank: _step_events(report, rank, step) for rank in ranks}
+    if not any(series.values()):
+        raise ValueError(f"no memory events recorded for step {step} on ranks {list(ranks)}")
+    unit, scale = byte_unit(max(total for points in series.values() for _, total, _, _ in points))
+    fig = _new_figure(10.0, 5.0)
+    ax = fig.add_subplot()
+    for index, (rank, points) in enumerate(series.items()):
+        start = points[0][0]
+        times = [(seconds - start) * 1e3 for seconds, _, _, _ in points]
+        totals = [total / scale for _, total, _, _ in points]
+        color = STAGE_COLORS[index % len(STAGE_COLORS)]
+        ax.plot(times, totals, drawstyle="steps-post", color=color, linewidth=1.2, label=f"rank {rank}: total")
+        if any(transient for _, _, transient, _ in points):
+            base = [(total - transient) / scale for _, total, transient, _ in points]
+            label = f"rank {rank}: of which transient (gathered params, grad buckets)"
+            ax.fill_between(times, base, totals, step="post", color=color, alpha=0.35, label=label)
+        if index == 0:
+            _shade_phases(ax, times, [phase for _, _, _, phase in points])
+    ax.set_xlabel("time since the step's first memory event (ms)")
+    ax.set_ylabel(f"bytes held per GPU ({unit})")
+    ax.set_title(f"ZeRO-{report.stage}: memory over step {step} (N = {report.world_size})")
+    ax.legend(fontsize=8, loc="upper right")
+    return fig
+
+
+def _shade_phases(ax: Axes, times: list[float], phases: list[str]) -> None:
+    """Shade each run of events with one phase label, from its first event to its last.
+
+    The ledger's events carry their phase but the phase's own start and end are not on this clock, so the
+    shading claims no more than the events show: the gap between two runs is unattributed.
+    """
+    shaded: set[str] = set()
+    start = 0
+    for i in range(1, len(phases) + 1):
+        if i < len(phases) and phases[i] == phases[start]:
+            continue
+        phase = phases[start]
+        if phase in PHASE_COLORS:
+            label = None if phase in shaded else f"{phase} (its events)"
+            ax.axvspan(times[start], times[i - 1], color=PHASE_COLORS[phase], alpha=0.1, label=label, linewidth=0)
+            shaded.add(phase)
+        start = i
+
+
+def loss_curves(reports: Sequence[StageReport]) -> Figure:
+    """The stages' losses per step, overlaid: ZeRO changes where bytes live, never the math.
+
+    The curves coincide (bit for bit in this simulator), so each stage gets its own marker size, marker
+    and line style: big hollow circles for ZeRO-0 down to small crosses, all visible on top of each other.
+    """
+    fig = _new_figure()
+    ax = fig.add_subplot()
+    styles = (("o", "-", 11), ("s", "--", 8), ("^", "-.", 6), ("x", ":", 5))
+    for index, r in enumerate(reports):
+        marker, linestyle, size = styles[index % len(styles)]
+        color = STAGE_COLORS[r.stage % len(STAGE_COLORS)]
+        ax.plot(
+            range(len(r.losses)),
+            r.losses,
+            marker=marker,
+            linestyle=linestyle,
+            markersize=size,
+            markerfacecolor="none",
+            color=color,
+            label=f"ZeRO-{r.stage}",
+        )
+    ax.set_xlabel("step")
+    ax.set_ylabel("training loss (cross-entropy, nats)")
+    ax.set_xticks(range(max(len(r.losses) for r in reports)))
+    ax.set_title(f"Loss per step: the stages coincide (N = {reports[0].world_size})")
+    ax.legend(fontsize=8)
+    return fig
+
+
+def save_all(reports: Sequence[StageReport], folder: str | Path, dpi: int = 120) -> list[Path]:
+    """Write memory_bars, comm_bars, memory_vs_gpus, memory_timeline_zero{k} and loss_curves PNGs."""
+    if not reports:
+        raise ValueError("save_all needs at least one StageReport")
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    figures = {
+        "memory_bars.png": memory_bars(reports),
+        "comm_bars.png": comm_bars(reports),
+        "memory_vs_gpus.png": memory_vs_gpus(reports[0].psi),
+    }
+    for r in reports:
+        if r.trackers:
+            figures[f"memory_timeline_zero{r.stage}.png"] = memory_timeline(r)
+    figures["loss_curves.png"] = loss_curves(reports)
+    paths = []
+    for name, fig in figures.items():
+        path = folder / name
+        fig.savefig(path, dpi=dpi)
+        paths.append(path)
+    return paths
