@@ -51,7 +51,7 @@ class GatherEmbedding(torch.autograd.Function):
 
     An embedding's gradient does not read W, yet backward gathers it again: the paper's 3Ψ counts a
     second gather of every parameter, as DeepSpeed's and FSDP's per-module backward hooks do. Skipping
-    it saves 2·(N-1)/N·|W| elements per step: a question in the ZeRO-3 lesson.
+    it would save (N-1)/N·|W| elements per embedding per step: a question in the ZeRO-3 lesson.
     """
 
     @staticmethod

@@ -1,0 +1,136 @@
+"""The lessons run top to bottom without an error or a warning, and every notebook is committed stripped.
+
+Each `lessons/*.ipynb` is executed with nbclient the way a student runs it in JupyterLab (`make lab`): a fresh
+kernel, working directory `lessons/`, the repository importable. The kernel is started from the interpreter that
+runs pytest, through a temporary kernelspec, so the test needs no user-installed kernel and never picks up
+another environment's. Anything a cell writes to stderr fails the lesson, warnings included (the kernel shows
+every warning once): graded notebooks lose points for stderr output, and lessons set the example.
+
+Each lesson's run time is printed, recorded as the test property `run_seconds` (in `--junitxml` reports) and
+kept in the pytest cache under `lessons/run_seconds` (`python -m pytest --cache-show 'lessons/*'`) unless the
+cache plugin is disabled.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+LESSONS_DIR = ROOT / "lessons"
+LESSONS = sorted(LESSONS_DIR.glob("*.ipynb"))
+NOTEBOOK_FOLDERS = ("lessons", "solutions", "exercises")
+KERNEL_NAME = "python3"
+CELL_TIMEOUT_S = 120
+CACHE_KEY = "lessons/run_seconds"
+
+
+def committed_notebooks() -> list[Path]:
+    return sorted(
+        path
+        for folder in NOTEBOOK_FOLDERS
+        for path in (ROOT / folder).rglob("*.ipynb")
+        if ".ipynb_checkpoints" not in path.parts
+    )
+
+
+@pytest.fixture(scope="session")
+def kernel_spec_manager(tmp_path_factory: pytest.TempPathFactory):
+    """A kernelspec named python3 that starts `sys.executable -m ipykernel_launcher`, and nothing else."""
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    kernels = tmp_path_factory.mktemp("jupyter") / "kernels"
+    (kernels / KERNEL_NAME).mkdir(parents=True)
+    spec = {
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": f"Python 3 ({sys.executable})",
+        "language": "python",
+    }
+    (kernels / KERNEL_NAME / "kernel.json").write_text(json.dumps(spec))
+    return KernelSpecManager(kernel_dirs=[str(kernels)], ensure_native_kernel=False)
+
+
+def kernel_environment() -> dict[str, str]:
+    """The test's environment, with the repository importable and every warning shown once."""
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONPATH": path, "PYTHONWARNINGS": "default", "JUPYTER_PLATFORM_DIRS": "1"}
+
+
+def stderr_outputs(nb: nbformat.NotebookNode) -> list[str]:
+    """Every stderr stream (warnings land there) and error output, as 'cell N: text'."""
+    found = []
+    for index, cell in enumerate(nb.cells):
+        for output in cell.get("outputs", []):
+            if output.output_type == "stream" and output.name == "stderr":
+                found.append(f"cell {index} wrote to stderr:\n{output.text}")
+            elif output.output_type == "error":
+                found.append(f"cell {index} raised {output.ename}: {output.evalue}")
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", LESSONS, ids=[p.stem for p in LESSONS])
+def test_lesson_runs_top_to_bottom_without_errors_or_stderr(
+    path: Path, kernel_spec_manager, record_property, request: pytest.FixtureRequest
+) -> None:
+    from jupyter_client.manager import KernelManager
+    from nbclient import NotebookClient
+
+    nb = nbformat.read(path, as_version=4)
+    kernel = KernelManager(kernel_name=KERNEL_NAME, kernel_spec_manager=kernel_spec_manager)
+    client = NotebookClient(nb, km=kernel, timeout=CELL_TIMEOUT_S, resources={"metadata": {"path": str(LESSONS_DIR)}})
+    started = time.perf_counter()
+    client.execute(env=kernel_environment())
+    seconds = time.perf_counter() - started
+
+    record_property("run_seconds", round(seconds, 1))
+    cache = getattr(request.config, "cache", None)
+    if cache is not None:
+        cache.set(CACHE_KEY, {**cache.get(CACHE_KEY, {}), path.stem: round(seconds, 1)})
+    print(f"{path.name}: {seconds:.1f} s")
+    problems = stderr_outputs(nb)
+    assert not problems, f"{path.name} must run warning-free:\n" + "\n".join(problems)
+
+
+def test_there_are_lessons_numbered_from_00_without_gaps() -> None:
+    assert LESSONS, "no notebooks in lessons/"
+    names = [p.name for p in LESSONS]
+    for name in names:
+        assert re.fullmatch(r"\d\d_[a-z0-9_]+\.ipynb", name), f"{name}: name lessons NN_topic.ipynb"
+    assert [int(name[:2]) for name in names] == list(range(len(names))), f"lesson numbers have gaps: {names}"
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=[p.stem for p in LESSONS])
+def test_lesson_has_goals_inline_plots_folded_answers_and_a_summary(path: Path) -> None:
+    nb = nbformat.read(path, as_version=4)
+    assert nb.metadata.get("kernelspec", {}).get("name") == KERNEL_NAME, f"{path.name}: kernel must be {KERNEL_NAME}"
+    markdown = "\n".join(cell.source for cell in nb.cells if cell.cell_type == "markdown")
+    code = [cell.source for cell in nb.cells if cell.cell_type == "code"]
+    assert nb.cells[0].cell_type == "markdown" and "Learning goals" in nb.cells[0].source, (
+        f"{path.name}: the first cell states the learning goals"
+    )
+    assert code and code[0].startswith("%matplotlib inline"), f"{path.name}: the first code cell sets inline plots"
+    assert "## Check your understanding" in markdown, f"{path.name}: needs a 'Check your understanding' section"
+    assert "<details><summary>Answer</summary>" in markdown, f"{path.name}: answers are folded in <details>"
+    assert "## Summary" in markdown, f"{path.name}: needs a summary"
+
+
+@pytest.mark.parametrize("path", committed_notebooks(), ids=[str(p.relative_to(ROOT)) for p in committed_notebooks()])
+def test_notebook_is_committed_with_outputs_stripped(path: Path) -> None:
+    nb = nbformat.read(path, as_version=4)
+    dirty = [
+        index
+        for index, cell in enumerate(nb.cells)
+        if cell.cell_type == "code" and (cell.get("outputs") or cell.get("execution_count") is not None)
+    ]
+    assert not dirty, (
+        f"{path.relative_to(ROOT)}: cells {dirty} have outputs or execution counts; "
+        "clear them before committing (JupyterLab: Edit > Clear Outputs of All Cells, then save)"
+    )
