@@ -54,8 +54,14 @@ def _new_figure(width: float = 8.0, height: float = 5.0) -> Figure:
     return Figure(figsize=(width, height), layout="constrained")
 
 
+def stage_name(report: StageReport) -> str:
+    """"ZeRO-k", with ZeRO-1's DeepSpeed-style all-reduce variant told apart from the paper's."""
+    variant = " (all-reduce)" if report.stage == 1 and report.zero1_grad_sync == "all_reduce" else ""
+    return f"ZeRO-{report.stage}{variant}"
+
+
 def _stage_names(reports: Sequence[StageReport]) -> list[str]:
-    return [f"ZeRO-{r.stage}" for r in reports]
+    return [stage_name(r) for r in reports]
 
 
 def memory_bars(reports: Sequence[StageReport]) -> Figure:
@@ -101,7 +107,7 @@ def memory_bars(reports: Sequence[StageReport]) -> Figure:
         zorder=3,
         label="paper's formula (model states)",
     )
-    ax.set_xticks(x, [f"ZeRO-{r.stage}\n{MEMORY_FORMULAS[r.stage]}" for r in reports])
+    ax.set_xticks(x, [f"{stage_name(r)}\n{MEMORY_FORMULAS[r.stage]}" for r in reports])
     ax.set_xlabel("stage and its model-state formula (ZeRO §5)")
     ax.set_ylabel(f"bytes per GPU ({unit})")
     ax.set_title(f"Memory per GPU by stage (Ψ = {format_count(reports[0].psi)}, N = {reports[0].world_size})")
@@ -291,7 +297,7 @@ def loss_curves(reports: Sequence[StageReport]) -> Figure:
             markersize=size,
             markerfacecolor="none",
             color=color,
-            label=f"ZeRO-{r.stage}",
+            label=stage_name(r),
         )
     ax.set_xlabel("step")
     ax.set_ylabel("training loss (cross-entropy, nats)")
