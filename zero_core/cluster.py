@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
+from zero_core.backends.virtual import VirtualBackend
 from zero_core.comm import CommLedger
 from zero_core.context import RankContext, activate
 from zero_core.memory import MemoryTracker
@@ -196,7 +197,7 @@ class VirtualCluster:
             rank=rank,
             world_size=self.world_size,
             generator=torch.Generator().manual_seed(self.seed * 1_000_003 + rank),
-            backend=self,
+            backend=VirtualBackend(self, rank),
             ledger=self.ledger.ranks[rank],
             tracker=self.trackers[rank],
         )

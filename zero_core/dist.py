@@ -8,35 +8,48 @@ that labels the call in the ledger. Every call is checked on the calling rank be
 shape raises `ValueError` naming the rank and the shapes at once), then moved by the rank's backend,
 then recorded in the rank's ledger with its ring bytes (see `zero_core.comm`).
 
-Reductions accumulate in fp32, in rank order 0, 1, ..., N-1, whatever the input dtype, then cast back.
-That makes them deterministic, and makes an all-reduce followed by taking a slice bit-for-bit equal to a
-reduce-scatter: the property that lets every ZeRO stage train to the same weights.
+The backend is the rank's: the virtual cluster's rendezvous (`zero_core.backends.virtual`) for a rank
+thread, a `torch.distributed` process group (`zero_core.backends.torch_distributed`) for a process under
+`zero_core.launch`. Checks and ledger live here, above the backend, so both count alike.
+
+Reductions accumulate in fp32 whatever the input dtype, then cast back (on NCCL, in the input's dtype);
+on the virtual cluster in rank order 0, 1, ..., N-1. That makes them deterministic, and makes an
+all-reduce followed by taking a slice bit-for-bit equal to a reduce-scatter: the property that lets
+every ZeRO stage train to the same weights.
 """
 
 from __future__ import annotations
 
-import enum
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from zero_core import comm
+from zero_core.backends.base import ReduceOp, reduce_in_rank_order
 from zero_core.cluster import CollectiveCall
 from zero_core.context import current, maybe_current
 
-
-class ReduceOp(enum.Enum):
-    """How a reduction combines the ranks' values (the names of `torch.distributed.ReduceOp`)."""
-
-    SUM = "sum"
-    AVG = "avg"
-    MAX = "max"
-    MIN = "min"
+__all__ = [
+    "ReduceOp",
+    "Work",
+    "all_gather_into_tensor",
+    "all_gather_single",
+    "all_reduce",
+    "barrier",
+    "broadcast",
+    "get_rank",
+    "get_world_size",
+    "is_initialized",
+    "reduce_in_rank_order",
+    "reduce_scatter_single",
+    "reduce_scatter_tensor",
+]
 
 
 class Work:
-    """A finished collective, for code written with `async_op=True` (the virtual cluster is synchronous)."""
+    """A finished collective, for code written with `async_op=True` (every backend here is synchronous)."""
 
     def wait(self, timeout: Any = None) -> bool:
         return True
@@ -75,40 +88,19 @@ def _check_tensor(name: str, op: str, tensor: Any) -> None:
         raise ValueError(f"rank {get_rank()}: {op} needs a contiguous {name}; call .contiguous() first")
 
 
-def reduce_in_rank_order(inputs: list[torch.Tensor], op: ReduceOp) -> torch.Tensor:
-    """Combine equal-shaped tensors elementwise, in rank order, accumulating in fp32 (fp64 stays fp64).
-
-    Elementwise adds in a fixed order: slicing the inputs first gives bit-identical slices of the result.
-    """
-    acc_dtype = torch.float64 if inputs[0].dtype == torch.float64 else torch.float32
-    if not inputs[0].is_floating_point():
-        acc_dtype = inputs[0].dtype
-    acc = inputs[0].to(acc_dtype, copy=True)
-    for tensor in inputs[1:]:
-        if op in (ReduceOp.SUM, ReduceOp.AVG):
-            acc.add_(tensor)
-        elif op == ReduceOp.MAX:
-            torch.maximum(acc, tensor.to(acc_dtype), out=acc)
-        else:
-            torch.minimum(acc, tensor.to(acc_dtype), out=acc)
-    if op == ReduceOp.AVG:
-        acc = acc.div_(len(inputs)) if acc.is_floating_point() else acc.div(len(inputs), rounding_mode="floor")
-    return acc.to(inputs[0].dtype)
-
-
 def _run(
     op: str,
     tag: str | None,
     call: CollectiveCall,
-    payload: Any,
-    combine: Any,
+    move: Callable[[Any], None],
     full_bytes: int,
     element_size: int,
     src: int = 0,
-) -> Any:
+) -> None:
+    """`move(backend)` moves the data; the ledger records the collective with its ring bytes and duration."""
     ctx = current()
     started = time.perf_counter()
-    result = ctx.backend.exchange(ctx.rank, call, payload, combine)
+    move(ctx.backend)
     ctx.ledger.record(
         op,
         tag=tag or op,
@@ -121,7 +113,6 @@ def _run(
         src=src,
         started_s=started,
     )
-    return result
 
 
 def _dtype_name(tensor: torch.Tensor) -> str:
@@ -136,16 +127,14 @@ def all_reduce(
     reduce_op = _reduce_op(op)
     shape = tuple(tensor.shape)
     call = CollectiveCall("all_reduce", _dtype_name(tensor), shape, shape, reduce_op.name, tag=tag or "")
-    result = _run(
+    _run(
         comm.ALL_REDUCE,
         tag,
         call,
-        tensor,
-        lambda inputs: reduce_in_rank_order(inputs, reduce_op),
+        lambda backend: backend.all_reduce(tensor, reduce_op, call),
         tensor.numel() * tensor.element_size(),
         tensor.element_size(),
     )
-    tensor.copy_(result)
     return Work() if async_op else None
 
 
@@ -177,17 +166,14 @@ def reduce_scatter_single(
     call = CollectiveCall(
         "reduce_scatter", _dtype_name(input), tuple(input.shape), tuple(output.shape), reduce_op.name, tag=tag or ""
     )
-    result = _run(
+    _run(
         comm.REDUCE_SCATTER,
         tag,
         call,
-        input,
-        lambda inputs: reduce_in_rank_order([t.reshape(-1) for t in inputs], reduce_op),
+        lambda backend: backend.reduce_scatter(output, input, reduce_op, call),
         input.numel() * input.element_size(),
         input.element_size(),
     )
-    n = output.numel()
-    output.copy_(result[rank * n : (rank + 1) * n].view(output.shape))
     return Work() if async_op else None
 
 
@@ -216,16 +202,14 @@ def all_gather_single(
     call = CollectiveCall(
         "all_gather", _dtype_name(input_tensor), tuple(input_tensor.shape), tuple(output_tensor.shape), tag=tag or ""
     )
-    result = _run(
+    _run(
         comm.ALL_GATHER,
         tag,
         call,
-        input_tensor,
-        lambda inputs: torch.cat([t.reshape(-1) for t in inputs]),
+        lambda backend: backend.all_gather(output_tensor, input_tensor, call),
         output_tensor.numel() * output_tensor.element_size(),
         output_tensor.element_size(),
     )
-    output_tensor.copy_(result.view(output_tensor.shape))
     return Work() if async_op else None
 
 
@@ -246,17 +230,15 @@ def broadcast(
         raise ValueError(f"rank {get_rank()}: broadcast needs src in 0..{world_size - 1}, got {source}")
     shape = tuple(tensor.shape)
     call = CollectiveCall("broadcast", _dtype_name(tensor), shape, shape, src=source, tag=tag or "")
-    result = _run(
+    _run(
         comm.BROADCAST,
         tag,
         call,
-        tensor,
-        lambda inputs: inputs[source].clone(),
+        lambda backend: backend.broadcast(tensor, source, call),
         tensor.numel() * tensor.element_size(),
         tensor.element_size(),
         src=source,
     )
-    tensor.copy_(result)
     return Work() if async_op else None
 
 
@@ -265,7 +247,7 @@ def barrier(
 ) -> Work | None:
     """Wait until every rank has reached this point."""
     call = CollectiveCall("barrier", "", (), (), tag=tag or "")
-    _run(comm.BARRIER, tag, call, None, lambda inputs: None, 0, 1)
+    _run(comm.BARRIER, tag, call, lambda backend: backend.barrier(call), 0, 1)
     return Work() if async_op else None
 
 

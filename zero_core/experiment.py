@@ -10,7 +10,7 @@ time spent inside collectives.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -43,6 +43,7 @@ class StageReport:
     model_state_bytes_mean: float
     model_state_bytes_max: int
     model_state_bytes_by_category_mean: dict[str, float]
+    model_state_bytes_by_category_max: dict[str, int]
     formula_bytes: float
     formula_ratio: float
     padding_bytes_mean: float
@@ -166,21 +167,30 @@ def run_stage(
         results: list[_RankResult] = cluster.run(_train_on_rank, config, stage, steps, functions, on_step)
     finally:
         torch.set_num_threads(threads)
-    return _report(stage, world_size, steps, config, cluster, results)
+    return _report(stage, world_size, steps, config, cluster.ledger, cluster.trackers, results)
 
 
 def _report(
-    stage: int, n: int, steps: int, config: TrainConfig, cluster: VirtualCluster, results: list[_RankResult]
+    stage: int,
+    n: int,
+    steps: int,
+    config: TrainConfig,
+    ledger: CommLedger,
+    trackers: Sequence[memory.MemoryTracker],
+    results: list[_RankResult],
 ) -> StageReport:
+    """The report of one run from what each rank measured, wherever the ranks ran.
+
+    `ledger` holds every rank's collectives; `trackers[r]` is rank r's `MemoryTracker`, or a snapshot of
+    its read side (`peak_bytes`, `timeline`) gathered from another process (`zero_core.launch`).
+    """
     psi = results[0].psi
     padded_psi = sum(results[0].padded_numels)
     element_bytes = {"fp16": 2, "bf16": 2, "fp32": 4}[config.precision]
-    trackers = cluster.trackers
     by_category = [r.held_bytes_by_category for r in results]
     state_bytes = [sum(c[k] for k in memory.MODEL_STATES) for c in by_category]
     formula = formulas.model_state_bytes(stage, psi, n, param_bytes=element_bytes, grad_bytes=element_bytes)
     last = steps - 1
-    ledger = cluster.ledger
     comm_bytes = ledger.mean_bytes_sent(step=last, exclude_tags=(OVERFLOW_TAG,))
     comm_elements = ledger.mean_elements_sent(step=last, exclude_tags=(OVERFLOW_TAG,))
     rank0_last = ledger.rank_summary(0, step=last)
@@ -203,6 +213,7 @@ def _report(
         model_state_bytes_mean=sum(state_bytes) / n,
         model_state_bytes_max=max(state_bytes),
         model_state_bytes_by_category_mean={k: sum(c[k] for c in by_category) / n for k in memory.MODEL_STATES},
+        model_state_bytes_by_category_max={k: max(c[k] for c in by_category) for k in memory.MODEL_STATES},
         formula_bytes=formula,
         formula_ratio=(sum(state_bytes) / n) / formula,
         padding_bytes_mean=sum(c[memory.PADDING] for c in by_category) / n,
@@ -222,7 +233,7 @@ def _report(
         collective_seconds_per_step_mean=sum(ledger.rank_summary(r, step=last).seconds for r in range(n)) / n,
         master_weights=assemble_master_weights([r.master for r in results]),
         ledger=ledger,
-        trackers=trackers,
+        trackers=list(trackers),
         phase_spans=[r.spans for r in results],
         rank_origins_s=[r.origin_s for r in results],
     )

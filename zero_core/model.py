@@ -11,6 +11,7 @@ generators, and every rank and every stage starts from the same weights and sees
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 from functools import cache
@@ -145,11 +146,16 @@ def parameter_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return [(name, module) for name, module in model.named_modules() if isinstance(module, PARAMETER_LAYERS)]
 
 
+@cache
+def _meta_model(config: GPTConfig) -> GPT:
+    """The model's structure without storage; built once, because initialising on "meta" is slow."""
+    with torch.device("meta"):
+        return GPT(config)
+
+
 def build_model(config: GPTConfig, seed: int = 0) -> GPT:
     """A GPT in fp32 with GPT-2 initialisation drawn from its own generator (same on every rank)."""
-    with torch.device("meta"):
-        model = GPT(config)
-    model = model.to_empty(device="cpu")
+    model = copy.deepcopy(_meta_model(config)).to_empty(device="cpu")
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for _, module in parameter_layers(model):

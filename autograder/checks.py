@@ -1,0 +1,166 @@
+"""What a check is, what it returns, and the two ways to run one: in a notebook, and for a grade.
+
+A check is a function that takes the student's objects (a class, a function, numbers), runs them, and
+either returns a one-line success message or raises `CheckFailed` with a message that says what was
+expected, what was seen, and where to look. Each exercise lists its checks as `Check`s, with the points
+each is worth and the grade id of the nbgrader test cell that runs it, so that nbgrader and the
+`python -m autograder` commands give the same points for the same code.
+
+- In a notebook, a test cell calls the check directly (`grader.check_training(ReduceScatterLinear,
+  world_sizes=[2, 4])`): success prints one line on stdout, failure raises `AssertionError`. Whatever the
+  student's code writes to stderr or warns is captured and shown on stdout instead, because nbgrader
+  scores a test cell that writes to stderr as failed.
+- For a grade, `run_check` calls it with the objects found in a submission and returns a `CheckResult`;
+  any exception, the student's or the check's, costs that check's points and nothing else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import io
+import sys
+import traceback
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+MAX_CAPTURED_CHARS = 2000
+
+
+class CheckFailed(AssertionError):
+    """A check's verdict: the student's code does not do what the exercise asks; the message says why."""
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """One check's outcome, as the CLI prints it and the grade CSV sums it."""
+
+    name: str
+    points: float
+    max_points: float
+    message: str
+
+    @property
+    def passed(self) -> bool:
+        return self.points == self.max_points
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Check:
+    """One graded check: `function(*objects named in names, **kwargs)`, worth `points`.
+
+    `name` is the grade id of the nbgrader test cell that makes the same call, and `call()` is the code
+    that cell runs (the notebooks are tested to contain it).
+    """
+
+    name: str
+    points: float
+    function: Callable[..., str]
+    names: tuple[str, ...]
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    hidden: bool = False
+
+    def call(self) -> str:
+        arguments = list(self.names) + [f"{key}={value!r}" for key, value in self.kwargs.items()]
+        return f"grader.{self.function.__name__}({', '.join(arguments)})"
+
+
+@contextlib.contextmanager
+def captured_output() -> Iterator[io.StringIO]:
+    """Collect what the student's code writes to stderr or warns, so that nothing reaches stderr."""
+    buffer = io.StringIO()
+    with warnings.catch_warnings(record=True) as caught, contextlib.redirect_stderr(buffer):
+        warnings.simplefilter("always")
+        try:
+            yield buffer
+        finally:
+            for w in caught:
+                buffer.write(warnings.formatwarning(w.message, w.category, w.filename, w.lineno))
+
+
+def _tail(text: str) -> str:
+    text = text.strip()
+    return text if len(text) <= MAX_CAPTURED_CHARS else "..." + text[-MAX_CAPTURED_CHARS:]
+
+
+def notebook_check(function: Callable[..., str]) -> Callable[..., None]:
+    """Make a check callable from a test cell: print the verdict on stdout, raise AssertionError on failure."""
+
+    @functools.wraps(function)
+    def run_in_cell(*args: Any, **kwargs: Any) -> None:
+        failure = None
+        with captured_output() as captured:
+            try:
+                message = function(*args, **kwargs)
+            except CheckFailed as error:
+                failure = str(error)
+        printed = _tail(captured.getvalue())
+        if printed:
+            print(f"(your code wrote to stderr or warned; shown here instead)\n{printed}")
+        if failure is not None:
+            raise AssertionError(failure) from None
+        print(f"passed: {message}")
+
+    run_in_cell.check = function
+    return run_in_cell
+
+
+_MACHINERY = (str(Path(__file__).parent), str(Path(traceback.__file__).parent))
+"""The grader's and Python's own frames: never where a student's bug is."""
+
+
+def _is_machinery(filename: str) -> bool:
+    return filename.startswith(_MACHINERY) or any(
+        part in filename for part in ("/torch/", "/zero_core/stages/", "/zero_core/cluster.py")
+    )
+
+
+def describe_exception(error: BaseException, limit: int = 3) -> str:
+    """`Type: message` and the last frames of the traceback that are not the grader's or torch's machinery."""
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if not _is_machinery(f.filename)]
+    where = "".join(traceback.format_list(frames[-limit:])).rstrip()
+    text = f"{type(error).__name__}: {error}".rstrip(": ")
+    if isinstance(error, NotImplementedError):
+        text += " (not done yet: replace `raise NotImplementedError()` with your code)"
+    return f"{text}\n{where}" if where else text
+
+
+def run_check(check: Check, namespace: dict[str, Any]) -> CheckResult:
+    """Run `check` on the objects a submission defined; never raises (except KeyboardInterrupt)."""
+    missing = [name for name in check.names if name not in namespace]
+    if missing:
+        message = f"the notebook defines no {', '.join(f'`{name}`' for name in missing)}"
+        return CheckResult(check.name, 0, check.points, message)
+    function = getattr(check.function, "check", check.function)
+    try:
+        with captured_output():
+            message = function(*(namespace[name] for name in check.names), **check.kwargs)
+    except CheckFailed as failure:
+        return CheckResult(check.name, 0, check.points, str(failure))
+    except KeyboardInterrupt:
+        raise
+    except BaseException as error:  # the student's code may raise anything, SystemExit included
+        return CheckResult(check.name, 0, check.points, f"the check stopped with {describe_exception(error)}")
+    return CheckResult(check.name, check.points, check.points, message)
+
+
+def total(results: list[CheckResult]) -> tuple[float, float]:
+    return sum(r.points for r in results), sum(r.max_points for r in results)
+
+
+def format_points(value: float) -> str:
+    return f"{value:g}"
+
+
+def print_results(results: list[CheckResult], out: Any = sys.stdout) -> None:
+    for result in results:
+        lines = result.message.splitlines() or [""]
+        out.write(f"[{format_points(result.points)}/{format_points(result.max_points)}] {result.name}: {lines[0]}\n")
+        for line in lines[1:]:
+            out.write(f"      {line}\n")

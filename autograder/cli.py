@@ -1,0 +1,193 @@
+"""`python -m autograder check NOTEBOOK` (a student) and `python -m autograder grade DIR` (an instructor).
+
+check: grades one notebook (any of the course's `exNN_*.ipynb`) in a child process and prints every
+check's points and message; the last line is `total: X/Y points`. The exit code is 0 whenever the
+notebook was graded, points lost or not.
+
+grade: grades a class. DIR holds one folder per student, named by the student id, with the notebooks
+anywhere below it, found by file name (nbgrader's `submitted/<student>/<assignment>/<assignment>.ipynb`
+layout works as is). Every notebook is graded in its own child process with a time and a memory limit,
+so a notebook that loops, crashes or exits costs its own points and never stops the batch. Writes
+`--out` (CSV: one row per student, points per assignment, total) atomically after every student, and
+`--feedback DIR/<student>.txt` (every check's message). A rerun skips students already in the CSV,
+unless `--force`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from tqdm import tqdm
+
+from autograder.checks import CheckResult, format_points, print_results, total
+from autograder.sandbox import Limits, grade_notebook
+from autograder.submission import EXERCISES, assignment_of, exercise_module
+
+MiB = 2**20
+
+
+class UsageError(Exception):
+    """Input the command cannot use; shown as one line, exit code 2."""
+
+
+def _limits(args: argparse.Namespace) -> Limits:
+    return Limits(time_s=args.time_limit, memory_bytes=args.memory_limit_mb * MiB, check_time_s=args.check_time_limit)
+
+
+def _add_limits(parser: argparse.ArgumentParser) -> None:
+    defaults = Limits()
+    parser.add_argument("--time-limit", type=float, default=defaults.time_s,
+                        help=f"seconds per notebook (default {defaults.time_s:g})")
+    parser.add_argument("--check-time-limit", type=float, default=defaults.check_time_s,
+                        help=f"seconds per check (default {defaults.check_time_s:g})")
+    parser.add_argument("--memory-limit-mb", type=int, default=defaults.memory_bytes // MiB,
+                        help=f"address space per notebook, MiB (default {defaults.memory_bytes // MiB})")
+
+
+def run_check_command(args: argparse.Namespace) -> int:
+    path = Path(args.notebook)
+    if not path.is_file():
+        raise UsageError(f"no notebook at {path}")
+    try:
+        assignment = assignment_of(path)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    print(f"{assignment}: {path}")
+    results = grade_notebook(path, assignment, _limits(args))
+    print_results(results)
+    points, max_points = total(results)
+    print(f"total: {format_points(points)}/{format_points(max_points)} points")
+    return 0
+
+
+def find_notebooks(student_dir: Path, assignments: list[str]) -> dict[str, Path]:
+    """{assignment: notebook} for the assignments found below `student_dir` (checkpoint copies ignored)."""
+    found: dict[str, Path] = {}
+    for path in sorted(student_dir.rglob("*.ipynb")):
+        if ".ipynb_checkpoints" not in path.parts and path.stem in assignments:
+            found.setdefault(path.stem, path)
+    return found
+
+
+def write_csv_atomically(path: Path, fieldnames: list[str], rows: list[dict]) -> None:
+    """Write the whole CSV to a temporary file beside `path`, then rename it over `path`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=fieldnames)
+            writer.writeheader()
+            writer.writerows(rows)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_rows(path: Path, fieldnames: list[str]) -> list[dict]:
+    if not path.exists():
+        return []
+    with path.open(newline="") as handle:
+        reader = csv.DictReader(handle)
+        if reader.fieldnames != fieldnames:
+            raise UsageError(
+                f"{path} has columns {reader.fieldnames}, not {fieldnames}; use --force to regrade into it"
+            )
+        return list(reader)
+
+
+def feedback_text(student: str, graded: dict[str, list[CheckResult]]) -> str:
+    lines = [f"Feedback for {student}", ""]
+    for assignment, results in graded.items():
+        points, max_points = total(results)
+        lines.append(f"== {assignment}: {format_points(points)}/{format_points(max_points)} points")
+        for result in results:
+            message = result.message.replace("\n", "\n      ")
+            score = f"{format_points(result.points)}/{format_points(result.max_points)}"
+            lines.append(f"[{score}] {result.name}: {message}")
+        lines.append("")
+    points, max_points = total([r for results in graded.values() for r in results])
+    lines.append(f"total: {format_points(points)}/{format_points(max_points)} points")
+    return "\n".join(lines) + "\n"
+
+
+def grade_student(student_dir: Path, assignments: list[str], limits: Limits) -> dict[str, list[CheckResult]]:
+    notebooks = find_notebooks(student_dir, assignments)
+    graded = {}
+    for assignment in assignments:
+        if assignment in notebooks:
+            graded[assignment] = grade_notebook(notebooks[assignment], assignment, limits)
+        else:
+            graded[assignment] = [
+                CheckResult(c.name, 0, c.points, f"no {assignment}.ipynb submitted")
+                for c in exercise_module(assignment).CHECKS
+            ]
+    return graded
+
+
+def run_grade_command(args: argparse.Namespace) -> int:
+    submissions = Path(args.directory)
+    if not submissions.is_dir():
+        raise UsageError(f"no directory at {submissions}")
+    assignments = args.assignments.split(",") if args.assignments else list(EXERCISES)
+    unknown = [a for a in assignments if a not in EXERCISES]
+    if unknown:
+        raise UsageError(f"unknown assignment(s) {unknown}; the course has {', '.join(EXERCISES)}")
+    out, feedback_dir = Path(args.out), Path(args.feedback)
+    fieldnames = ["student", *assignments, "total", "max_total", "seconds"]
+    rows = [] if args.force else read_rows(out, fieldnames)
+    done = {row["student"] for row in rows}
+    students = sorted(p for p in submissions.iterdir() if p.is_dir() and not p.name.startswith("."))
+    pending = [s for s in students if s.name not in done]
+    limits = _limits(args)
+    feedback_dir.mkdir(parents=True, exist_ok=True)
+    for student_dir in tqdm(pending, desc="grading", unit="student", disable=args.no_progress):
+        started = time.perf_counter()
+        graded = grade_student(student_dir, assignments, limits)
+        row = {"student": student_dir.name, "seconds": f"{time.perf_counter() - started:.1f}"}
+        for assignment, results in graded.items():
+            row[assignment] = format_points(total(results)[0])
+        points, max_points = total([r for results in graded.values() for r in results])
+        row.update(total=format_points(points), max_total=format_points(max_points))
+        (feedback_dir / f"{student_dir.name}.txt").write_text(feedback_text(student_dir.name, graded))
+        rows = [r for r in rows if r["student"] != student_dir.name] + [row]
+        write_csv_atomically(out, fieldnames, sorted(rows, key=lambda r: r["student"]))
+    print(
+        f"graded {len(pending)} student(s), skipped {len(students) - len(pending)} already in {out}; "
+        f"grades in {out}, feedback in {feedback_dir}/"
+    )
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m autograder", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    check = commands.add_parser("check", help="grade one notebook and print every check's points and message")
+    check.add_argument("notebook", help="an exNN_*.ipynb notebook")
+    _add_limits(check)
+    check.set_defaults(run=run_check_command)
+    grade = commands.add_parser("grade", help="grade a class: one folder per student; CSV and feedback out")
+    grade.add_argument("directory", help="one folder per student (e.g. nbgrader's submitted/)")
+    grade.add_argument("--out", required=True, help="the grades CSV (written atomically, resumed on rerun)")
+    grade.add_argument("--feedback", required=True, help="folder for one feedback file per student")
+    grade.add_argument("--assignments", help="comma-separated assignments to grade (default: all)")
+    grade.add_argument("--force", action="store_true", help="regrade students already in the CSV")
+    grade.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_limits(grade)
+    grade.set_defaults(run=run_grade_command)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except UsageError as error:
+        sys.stderr.write(f"python -m autograder {args.command}: error: {error}\n")
+        return 2

@@ -1,0 +1,180 @@
+"""ex01: an all-reduce built from a reduce-scatter and an all-gather, and what each collective costs.
+
+The student writes `my_all_reduce(tensor)` (in place, sum over the ranks, any shape, any N: the buffer is
+padded to a multiple of N) on `zero_core.dist`'s reduce-scatter and all-gather, which is how NCCL's ring
+all-reduce works and why it costs 2(N-1)/N of the buffer per rank (ZeRO §7.1); and
+`ring_bytes_sent(op, numel, element_size, world_size)`, the bytes each rank sends for a collective on a
+buffer of `numel` elements padded the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from autograder.checks import Check, CheckFailed, notebook_check
+from autograder.harness import COLLECTIVE_TIMEOUT_S, RUN_DEADLINE_S, run_once
+from autograder.integrity import REFERENCE_MODULES, require_own_code
+from zero_core import comm, dist
+from zero_core.cluster import VirtualCluster
+from zero_core.context import current
+
+ASSIGNMENT = "ex01_collectives"
+FORBIDDEN = REFERENCE_MODULES + ("zero_core.comm",)
+CASES = (((8,), torch.float32), ((10,), torch.float32), ((3, 5), torch.float32), ((1,), torch.float32),
+         ((33,), torch.bfloat16), ((2, 2, 7), torch.bfloat16))
+"""(shape, dtype) of the tensors all-reduced; most sizes do not divide by most N, so padding is needed."""
+VISIBLE_WORLD_SIZES = [2, 4]
+HIDDEN_WORLD_SIZES = [3, 5, 7]
+OPS = ("all_reduce", "reduce_scatter", "all_gather")
+ALL_REDUCE = ("my_all_reduce",)
+RING_BYTES = ("ring_bytes_sent",)
+
+
+def case_input(shape: tuple[int, ...], dtype: torch.dtype, case: int, rank: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(1000 * case + rank)
+    return torch.randn(shape, generator=generator).to(dtype)
+
+
+@dataclass
+class CaseOutcome:
+    result: torch.Tensor
+    returned: object
+    collectives: list[tuple[str, str, int]]
+
+
+def _all_reduce_on_rank(my_all_reduce: Callable[[torch.Tensor], object]) -> list[CaseOutcome]:
+    ledger = current().ledger
+    outcomes = []
+    for case, (shape, dtype) in enumerate(CASES):
+        tensor = case_input(shape, dtype, case, dist.get_rank())
+        before = len(ledger.entries)
+        returned = my_all_reduce(tensor)
+        collectives = [(e.op, e.dtype, e.elements) for e in ledger.entries[before:]]
+        outcomes.append(CaseOutcome(tensor, returned, collectives))
+    return outcomes
+
+
+def _run(my_all_reduce: Callable, world_size: int) -> list[list[CaseOutcome]]:
+    def make() -> list[list[CaseOutcome]]:
+        cluster = VirtualCluster(world_size, timeout_s=COLLECTIVE_TIMEOUT_S)
+        return cluster.run(_all_reduce_on_rank, my_all_reduce, deadline_s=RUN_DEADLINE_S)
+
+    what = f"my_all_reduce on {world_size} ranks"
+    return run_once((ASSIGNMENT, my_all_reduce, world_size), (my_all_reduce,), make, what)
+
+
+def _integrity(objects: dict) -> None:
+    require_own_code(objects, ALL_REDUCE + RING_BYTES, FORBIDDEN, ASSIGNMENT)
+
+
+def _expected_sum(case: int, world_size: int) -> torch.Tensor:
+    shape, dtype = CASES[case]
+    inputs = [case_input(shape, dtype, case, r).reshape(-1) for r in range(world_size)]
+    return dist.reduce_in_rank_order(inputs, dist.ReduceOp.SUM).view(shape)
+
+
+def _check_values(outcomes: list[list[CaseOutcome]], world_size: int) -> None:
+    for case, (shape, dtype) in enumerate(CASES):
+        expected = _expected_sum(case, world_size)
+        what = f"{world_size} ranks, a {str(dtype).removeprefix('torch.')} tensor of shape {tuple(shape)}"
+        for rank, per_case in enumerate(outcomes):
+            outcome = per_case[case]
+            if torch.equal(outcome.result, expected):
+                continue
+            hint = ""
+            if isinstance(outcome.returned, torch.Tensor) and torch.equal(outcome.returned.view(shape), expected):
+                hint = " The sum was returned, but `tensor` itself must hold it (in place, like dist.all_reduce)."
+            elif torch.allclose(outcome.result.float() * world_size, expected.float(), rtol=1e-2, atol=1e-3):
+                hint = " It is the average: all_reduce sums (op=dist.ReduceOp.SUM)."
+            delta = (outcome.result.float() - expected.float()).abs().max().item()
+            raise CheckFailed(
+                f"{what}: rank {rank}'s tensor after my_all_reduce differs from the sum over the ranks "
+                f"(max |Δ| = {delta:.3g}; a correct all-reduce matches dist.all_reduce bit for bit).{hint}"
+            )
+
+
+def _check_collectives(outcomes: list[list[CaseOutcome]], world_size: int) -> None:
+    for case, (shape, dtype) in enumerate(CASES):
+        numel = torch.Size(shape).numel()
+        padded = -(-numel // world_size) * world_size
+        name = str(dtype).removeprefix("torch.")
+        expected = [("reduce_scatter", name, padded), ("all_gather", name, padded)]
+        seen = outcomes[0][case].collectives
+        if seen != expected:
+            shown = ", ".join(f"{op} of {n} {d} elements" for op, d, n in seen) or "no collective"
+            raise CheckFailed(
+                f"{world_size} ranks, a {name} tensor of {numel} elements: expected one reduce_scatter, then one "
+                f"all_gather, each of {padded} elements (the {numel} padded to a multiple of {world_size}); "
+                f"saw {shown}. That pair is the ring all-reduce: 2(N-1)/N of the buffer per rank."
+            )
+
+
+@notebook_check
+def check_all_reduce(my_all_reduce: Callable, world_sizes: list[int]) -> str:
+    """my_all_reduce gives every rank the sum, in place, bit for bit as dist.all_reduce."""
+    _integrity({"my_all_reduce": my_all_reduce})
+    for n in world_sizes:
+        _check_values(_run(my_all_reduce, n), n)
+    return f"{', '.join(map(str, world_sizes))} ranks, {len(CASES)} shapes and dtypes: the exact sum, in place"
+
+
+@notebook_check
+def check_all_reduce_collectives(my_all_reduce: Callable, world_sizes: list[int]) -> str:
+    """Exactly one reduce-scatter then one all-gather of the padded buffer: the ring all-reduce's volume."""
+    _integrity({"my_all_reduce": my_all_reduce})
+    for n in world_sizes:
+        _check_collectives(_run(my_all_reduce, n), n)
+    return f"{', '.join(map(str, world_sizes))} ranks: one reduce-scatter and one all-gather of the padded buffer"
+
+
+@notebook_check
+def check_all_reduce_values_and_collectives(my_all_reduce: Callable, world_sizes: list[int]) -> str:
+    values = check_all_reduce.check(my_all_reduce, world_sizes)
+    collectives = check_all_reduce_collectives.check(my_all_reduce, world_sizes).split(": ", 1)[1]
+    return f"{values}; {collectives}"
+
+
+def expected_ring_bytes(op: str, numel: int, element_size: int, world_size: int) -> int:
+    padded = -(-numel // world_size) * world_size
+    return comm.ring_bytes(op, padded * element_size, element_size, world_size, rank=0)[0]
+
+
+@notebook_check
+def check_ring_bytes(ring_bytes_sent: Callable, world_sizes: list[int]) -> str:
+    """Bytes one rank sends on a ring, for each collective, on buffers padded to a multiple of N."""
+    _integrity({"ring_bytes_sent": ring_bytes_sent})
+    count = 0
+    for n in world_sizes:
+        for op in OPS:
+            for numel in (1, 10, 1000, 4224, 17_440):
+                for element_size in (2, 4):
+                    expected = expected_ring_bytes(op, numel, element_size, n)
+                    got = ring_bytes_sent(op, numel, element_size, n)
+                    count += 1
+                    if got != expected:
+                        chunk = -(-numel // n)
+                        raise CheckFailed(
+                            f"ring_bytes_sent({op!r}, numel={numel}, element_size={element_size}, world_size={n}) "
+                            f"returned {got!r}; expected {expected}. The buffer is padded to {chunk * n} elements, "
+                            f"{chunk} per rank; a reduce-scatter or all-gather sends N-1 chunks per rank, an "
+                            "all-reduce twice that (ZeRO §7.1)."
+                        )
+    return f"{count} cases on {', '.join(map(str, world_sizes))} ranks: the ring's bytes per rank"
+
+
+CHECKS = (
+    Check("test_all_reduce", 2, check_all_reduce, ALL_REDUCE, {"world_sizes": VISIBLE_WORLD_SIZES}),
+    Check(
+        "test_all_reduce_collectives", 2, check_all_reduce_collectives, ALL_REDUCE,
+        {"world_sizes": VISIBLE_WORLD_SIZES},
+    ),
+    Check(
+        "test_hidden_all_reduce", 2, check_all_reduce_values_and_collectives, ALL_REDUCE,
+        {"world_sizes": HIDDEN_WORLD_SIZES}, hidden=True,
+    ),
+    Check("test_ring_bytes", 2, check_ring_bytes, RING_BYTES, {"world_sizes": VISIBLE_WORLD_SIZES}),
+    Check("test_hidden_ring_bytes", 2, check_ring_bytes, RING_BYTES, {"world_sizes": [1, 3, 5, 7, 64]}, hidden=True),
+)

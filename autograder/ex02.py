@@ -1,0 +1,147 @@
+"""ex02: ZeRO-1's optimizer step, Adam on the owned slice of each layer (ZeRO §5.1).
+
+The student writes `zero1_step(flat_param, flat_grad, partition, adam, step)`, the whole step for one
+layer on one rank: average the gradient over the ranks keeping this rank's chunk (reduce-scatter),
+update the owned slice's fp32 masters with `adam.step`, write them back into the owned slice of the
+low-precision parameters, and all-gather the parameters. The check runs the reference ZeRO-1 training
+loop with the student's function in place of the reference's gradient sync and optimizer step.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from autograder.checks import Check, CheckFailed, notebook_check
+from autograder.harness import Recording, Run
+from autograder.stage_checks import HIDDEN_WORLD_SIZES, VISIBLE_WORLD_SIZES, StageExercise
+from zero_core import cluster, dist
+from zero_core.stages import Zero1
+
+ASSIGNMENT = "ex02_zero1_sharded_adam"
+_COLLECTIVE_FILES = (dist.__file__, cluster.__file__)
+_LIBRARY_DIRS = tuple(str(Path(module.__file__).parent) for module in (torch, dist, sys.modules[__name__]))
+
+
+def _student_line() -> str | None:
+    """`file, line` of the student's code running now, or None inside a collective (not the student's)."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if filename in _COLLECTIVE_FILES:
+            return None
+        if not filename.startswith(_LIBRARY_DIRS):
+            return f"{filename}, line {frame.f_lineno}"
+        frame = frame.f_back
+    return None
+
+
+class LargestFloat32(TorchDispatchMode):
+    """The largest fp32 tensor the student's code creates (collectives' own buffers excluded)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.numel, self.where = 0, ""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if isinstance(out, torch.Tensor) and out.dtype == torch.float32 and out.numel() > self.numel:
+            where = _student_line()
+            if where is not None:
+                self.numel, self.where = out.numel(), where
+        return out
+
+
+class StudentZero1(Recording, Zero1):
+    """The reference ZeRO-1 training loop, whose gradient sync and optimizer step are the student's."""
+
+    exercise = ASSIGNMENT
+    step_function: Callable[..., None]
+
+    def sync_gradients(self) -> None:
+        """Nothing here: the student's step reduces the gradients itself."""
+
+    def optimizer_step(self) -> bool:
+        self.adam_steps += 1
+        for layer in self.layers:
+            with LargestFloat32() as meter:
+                type(self).step_function(
+                    self.params[layer.name], self.grads[layer.name], layer.partition, layer.master, self.adam_steps
+                )
+            self.record.largest_fp32[layer.name] = (meter.numel, meter.where)
+        self.zero_gradients()
+        return True
+
+
+def fp32_memory_rules(run: Run, reference: Run, label: str) -> None:
+    """ZeRO-1 keeps fp32 values only for the owned 1/N slice: no fp32 copy of a whole layer, even briefly."""
+    for rank, record in enumerate(run.ranks):
+        for layer, (numel, where) in record.largest_fp32.items():
+            limit = run.partitions[layer].chunk_numel
+            if numel > limit:
+                raise CheckFailed(
+                    f"{label}: on rank {rank}, zero1_step made an fp32 tensor of {numel:,} elements for layer "
+                    f"{layer} ({where}); this rank owns {limit:,} (one chunk). Convert only the owned slice "
+                    "to fp32: ZeRO-1's point is that no rank holds fp32 values for the whole model."
+                )
+
+
+def _build(step_function: Callable[..., None]) -> tuple[type, None]:
+    stage = type("StudentZero1", (StudentZero1,), {"step_function": staticmethod(step_function)})
+    return stage, None
+
+
+EXERCISE = StageExercise(
+    exercise=ASSIGNMENT,
+    names=("zero1_step",),
+    reference=Zero1,
+    build=_build,
+    memory_rules=fp32_memory_rules,
+    memory_summary="fp32 values only for the owned slice of each layer",
+    communication_summary="a reduce-scatter of each layer's gradient and an all-gather of its low-precision "
+    "parameters: 2Ψ per step, as the reference",
+)
+
+
+@notebook_check
+def check_training(zero1_step: Callable[..., None], world_sizes: list[int]) -> str:
+    """Train ZeRO-1 with your step on each N; losses and master weights must equal the reference's."""
+    return EXERCISE.training((zero1_step,), world_sizes)
+
+
+@notebook_check
+def check_memory(zero1_step: Callable[..., None], world_sizes: list[int]) -> str:
+    """No fp32 tensor larger than the owned chunk."""
+    return EXERCISE.memory((zero1_step,), world_sizes)
+
+
+@notebook_check
+def check_communication(zero1_step: Callable[..., None], world_sizes: list[int]) -> str:
+    """The reference's collectives, op for op and byte for byte."""
+    return EXERCISE.communication((zero1_step,), world_sizes)
+
+
+@notebook_check
+def check_memory_and_communication(zero1_step: Callable[..., None], world_sizes: list[int]) -> str:
+    return EXERCISE.memory_and_communication((zero1_step,), world_sizes)
+
+
+NAMES = ("zero1_step",)
+CHECKS = (
+    Check("test_training", 2, check_training, NAMES, {"world_sizes": VISIBLE_WORLD_SIZES}),
+    Check("test_memory", 2, check_memory, NAMES, {"world_sizes": VISIBLE_WORLD_SIZES}),
+    Check("test_communication", 2, check_communication, NAMES, {"world_sizes": VISIBLE_WORLD_SIZES}),
+    Check("test_hidden_training", 2, check_training, NAMES, {"world_sizes": HIDDEN_WORLD_SIZES}, hidden=True),
+    Check(
+        "test_hidden_memory_communication",
+        2,
+        check_memory_and_communication,
+        NAMES,
+        {"world_sizes": HIDDEN_WORLD_SIZES},
+        hidden=True,
+    ),
+)

@@ -1,0 +1,91 @@
+"""ex03: ZeRO-2's Linear layer, whose backward reduce-scatters its gradient (ZeRO §5.2).
+
+The student writes `ReduceScatterLinear`, an autograd Function with the reference's signature
+(`forward(ctx, x, weight, bias, shard)`); the checks plug it into the reference ZeRO-2 in place of the
+reference's Linear Function (`functions={nn.Linear: ReduceScatterLinear}`) and train.
+"""
+
+from __future__ import annotations
+
+import torch.nn as nn
+
+from autograder.checks import Check, notebook_check
+from autograder.harness import Run, graded_stage
+from autograder.stage_checks import HIDDEN_WORLD_SIZES, VISIBLE_WORLD_SIZES, StageExercise
+from autograder.verdicts import (
+    ACTIVATIONS_ADVICE,
+    GRAD_ADVICE,
+    GRAD_BUCKET_ADVICE,
+    check_no_stray_gradients,
+    compare_peaks,
+    compare_registrations,
+)
+from zero_core import memory
+from zero_core.stages import Zero2
+
+ASSIGNMENT = "ex03_zero2_reduce_scatter_backward"
+
+
+def gradient_memory_rules(run: Run, reference: Run, label: str) -> None:
+    """ZeRO-2's memory promise: only the gradient shard stays; one layer's bucket lives at a time."""
+    check_no_stray_gradients(run, label)
+    compare_peaks(run, reference, memory.GRAD, label, GRAD_ADVICE)
+    compare_registrations(run, reference, memory.GRAD_BUCKET, label, GRAD_BUCKET_ADVICE)
+    compare_peaks(run, reference, memory.GRAD_BUCKET, label, "Release each bucket before the next layer's backward.")
+    compare_peaks(run, reference, memory.ACTIVATIONS, label, ACTIVATIONS_ADVICE)
+
+
+def _build(linear: type) -> tuple[type, dict]:
+    return graded_stage(Zero2, ASSIGNMENT), {nn.Linear: linear}
+
+
+EXERCISE = StageExercise(
+    exercise=ASSIGNMENT,
+    names=("ReduceScatterLinear",),
+    reference=Zero2,
+    build=_build,
+    memory_rules=gradient_memory_rules,
+    memory_summary="no full gradient kept (no .grad, grad.fp16 = the shards), one registered bucket per layer "
+    "and step, at most one alive at a time",
+    communication_summary="one reduce-scatter per Linear layer in backward, the reference's collectives and bytes",
+)
+
+
+@notebook_check
+def check_training(ReduceScatterLinear: type, world_sizes: list[int]) -> str:
+    """Train ZeRO-2 with your Function on each N; losses and master weights must equal the reference's."""
+    return EXERCISE.training((ReduceScatterLinear,), world_sizes)
+
+
+@notebook_check
+def check_memory(ReduceScatterLinear: type, world_sizes: list[int]) -> str:
+    """No full gradient kept; the gradient bucket registered, one layer at a time."""
+    return EXERCISE.memory((ReduceScatterLinear,), world_sizes)
+
+
+@notebook_check
+def check_communication(ReduceScatterLinear: type, world_sizes: list[int]) -> str:
+    """The reference's collectives, op for op and byte for byte."""
+    return EXERCISE.communication((ReduceScatterLinear,), world_sizes)
+
+
+@notebook_check
+def check_memory_and_communication(ReduceScatterLinear: type, world_sizes: list[int]) -> str:
+    return EXERCISE.memory_and_communication((ReduceScatterLinear,), world_sizes)
+
+
+NAMES = ("ReduceScatterLinear",)
+CHECKS = (
+    Check("test_training", 2, check_training, NAMES, {"world_sizes": VISIBLE_WORLD_SIZES}),
+    Check("test_memory", 2, check_memory, NAMES, {"world_sizes": VISIBLE_WORLD_SIZES}),
+    Check("test_communication", 2, check_communication, NAMES, {"world_sizes": VISIBLE_WORLD_SIZES}),
+    Check("test_hidden_training", 2, check_training, NAMES, {"world_sizes": HIDDEN_WORLD_SIZES}, hidden=True),
+    Check(
+        "test_hidden_memory_communication",
+        2,
+        check_memory_and_communication,
+        NAMES,
+        {"world_sizes": HIDDEN_WORLD_SIZES},
+        hidden=True,
+    ),
+)

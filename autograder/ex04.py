@@ -1,0 +1,96 @@
+"""ex04: ZeRO-3's gather-on-demand Linear and Embedding (ZeRO §5.3).
+
+The student writes `GatherLinear` and `GatherEmbedding`, autograd Functions with the reference's
+signatures (`forward(ctx, x, param_shard, shard)`, `forward(ctx, ids, param_shard, shard)`); the checks
+plug both into the reference ZeRO-3 (`functions={nn.Linear: GatherLinear, nn.Embedding: GatherEmbedding}`)
+and train. Memory is where ZeRO-3 is judged: a gathered parameter must not outlive its layer's forward
+or backward computation.
+"""
+
+from __future__ import annotations
+
+import torch.nn as nn
+
+from autograder.checks import Check, notebook_check
+from autograder.ex03 import gradient_memory_rules
+from autograder.harness import Run, graded_stage
+from autograder.stage_checks import HIDDEN_WORLD_SIZES, VISIBLE_WORLD_SIZES, StageExercise
+from autograder.verdicts import check_released, compare_peaks, compare_registrations
+from zero_core import memory
+from zero_core.stages import Zero3
+
+ASSIGNMENT = "ex04_zero3_gather_linear"
+
+GATHER_REGISTER_ADVICE = (
+    "Gather each layer's parameters twice per step, in forward and again in backward, and register each "
+    "gathered buffer: shard.tracker.register(flat, memory.GATHER, padding_elements=shard.partition.padding)."
+)
+GATHER_RELEASE_ADVICE = (
+    "Release the gathered buffer right after the layer's computation (shard.tracker.release(flat)), and "
+    "keep no reference to it (nor to weight/bias views of it) on ctx or in save_for_backward."
+)
+
+
+def parameter_memory_rules(run: Run, reference: Run, label: str) -> None:
+    """ZeRO-3's memory promise: a layer's full parameters exist only while that layer computes."""
+    compare_registrations(run, reference, memory.GATHER, label, GATHER_REGISTER_ADVICE)
+    check_released(run, memory.GATHER, label, GATHER_RELEASE_ADVICE)
+    compare_peaks(run, reference, memory.GATHER, label, "At most one layer's parameters may be gathered at a time.")
+    gradient_memory_rules(run, reference, label)
+
+
+def _build(linear: type, embedding: type) -> tuple[type, dict]:
+    return graded_stage(Zero3, ASSIGNMENT), {nn.Linear: linear, nn.Embedding: embedding}
+
+
+EXERCISE = StageExercise(
+    exercise=ASSIGNMENT,
+    names=("GatherLinear", "GatherEmbedding"),
+    reference=Zero3,
+    build=_build,
+    memory_rules=parameter_memory_rules,
+    memory_summary="every gathered buffer registered and released after its layer (none alive after forward "
+    "or backward, at most one layer at a time), no full gradient kept",
+    communication_summary="an all-gather per layer in forward, another in backward, a reduce-scatter per layer: "
+    "the reference's 3Ψ",
+)
+
+
+@notebook_check
+def check_training(GatherLinear: type, GatherEmbedding: type, world_sizes: list[int]) -> str:
+    """Train ZeRO-3 with your Functions on each N; losses and master weights must equal the reference's."""
+    return EXERCISE.training((GatherLinear, GatherEmbedding), world_sizes)
+
+
+@notebook_check
+def check_memory(GatherLinear: type, GatherEmbedding: type, world_sizes: list[int]) -> str:
+    """Gathered parameters live only while their layer computes; no full gradient is kept."""
+    return EXERCISE.memory((GatherLinear, GatherEmbedding), world_sizes)
+
+
+@notebook_check
+def check_communication(GatherLinear: type, GatherEmbedding: type, world_sizes: list[int]) -> str:
+    """The reference's collectives, op for op and byte for byte."""
+    return EXERCISE.communication((GatherLinear, GatherEmbedding), world_sizes)
+
+
+@notebook_check
+def check_memory_and_communication(GatherLinear: type, GatherEmbedding: type, world_sizes: list[int]) -> str:
+    return EXERCISE.memory_and_communication((GatherLinear, GatherEmbedding), world_sizes)
+
+
+NAMES = ("GatherLinear", "GatherEmbedding")
+CHECKS = (
+    Check("test_training", 2, check_training, NAMES, {"world_sizes": VISIBLE_WORLD_SIZES}),
+    Check("test_memory", 2, check_memory, NAMES, {"world_sizes": VISIBLE_WORLD_SIZES}),
+    Check("test_communication", 2, check_communication, NAMES, {"world_sizes": VISIBLE_WORLD_SIZES}),
+    Check("test_hidden_training", 2, check_training, NAMES, {"world_sizes": HIDDEN_WORLD_SIZES}, hidden=True),
+    Check(
+        "test_hidden_memory_communication",
+        2,
+        check_memory_and_communication,
+        NAMES,
+        {"world_sizes": HIDDEN_WORLD_SIZES},
+        hidden=True,
+    ),
+)

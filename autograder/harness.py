@@ -1,0 +1,205 @@
+"""Train a reference ZeRO stage with a student's piece plugged in, and record what every rank did.
+
+A run is the reference training loop (`ZeroStage.train_step`) on the virtual cluster, with three
+recorders added: the fp32 gradient each rank hands to Adam for each layer and step (to say which shard
+a rank kept), the parameters autograd left a `.grad` on (ZeRO-2/3 must leave none), and, from the
+cluster, every rank's memory tracker and ledger of collectives. The same harness runs the reference
+pieces, so a student's run is compared with a reference run made the same way.
+
+Runs use the `micro` model for `STEPS` steps, a short collective timeout (a rank-dependent order of
+collectives fails at once or within `COLLECTIVE_TIMEOUT_S`) and a deadline for the whole run (a
+Python-level infinite loop in a rank). Each run is made once per process: the training, memory and
+communication checks of one world size read the same run, and a failure is remembered with it.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import torch
+
+from autograder.checks import CheckFailed, describe_exception
+from autograder.integrity import ReferenceUsed, StudentShard
+from zero_core.cluster import (
+    ClusterError,
+    CollectiveDeadlock,
+    CollectiveMismatch,
+    CollectiveTimeout,
+    RankFailed,
+    RunTimeout,
+    VirtualCluster,
+)
+from zero_core.comm import CommLedger
+from zero_core.context import current
+from zero_core.experiment import assemble_master_weights
+from zero_core.memory import MemoryTracker
+from zero_core.model import build_model, parameter_layers, preset
+from zero_core.optim import AdamShard
+from zero_core.partition import FlatPartition
+from zero_core.stages import TrainConfig, ZeroStage
+from zero_core.stages.zero2 import FunctionLayer
+
+CONFIG = TrainConfig(model=preset("micro"))
+STEPS = 2
+COLLECTIVE_TIMEOUT_S = 10.0
+RUN_DEADLINE_S = 30.0
+CACHED_RUNS = 24
+
+
+@dataclass
+class RankRecord:
+    """What one rank did in a run."""
+
+    losses: list[float] = field(default_factory=list)
+    master: dict[str, tuple[int, torch.Tensor]] = field(default_factory=dict)
+    adam_grads: dict[tuple[str, int], torch.Tensor] = field(default_factory=dict)
+    stray_grads: set[str] = field(default_factory=set)
+    largest_fp32: dict[str, tuple[int, str]] = field(default_factory=dict)
+
+
+@dataclass
+class Run:
+    """A finished run: per-rank records, memory trackers and the ledger of collectives."""
+
+    world_size: int
+    steps: int
+    ranks: list[RankRecord]
+    trackers: list[MemoryTracker]
+    ledger: CommLedger
+    partitions: dict[str, FlatPartition]
+
+    def master_weights(self) -> dict[str, torch.Tensor]:
+        return assemble_master_weights([record.master for record in self.ranks])
+
+    def averaged_gradient(self, layer: str, step: int) -> torch.Tensor | None:
+        """The layer's full averaged gradient at `step`, stitched from what the ranks gave Adam."""
+        pieces = []
+        for rank, record in enumerate(self.ranks):
+            start, end = self.partitions[layer].owned_range(rank)
+            grad = record.adam_grads.get((layer, step))
+            if end > start:
+                if grad is None:
+                    return None
+                pieces.append(grad)
+        return torch.cat(pieces)
+
+
+class RecordingAdam(AdamShard):
+    """An `AdamShard` that remembers the gradient it was given, per layer and training step."""
+
+    def __init__(self, inner: AdamShard, layer: str, record: RankRecord) -> None:
+        self.config, self.master, self.m, self.v = inner.config, inner.master, inner.m, inner.v
+        self.layer, self.record = layer, record
+
+    def step(self, grad: torch.Tensor, step: int) -> None:
+        self.record.adam_grads[(self.layer, current().step)] = grad.detach().clone()
+        super().step(grad, step)
+
+
+class Recording:
+    """Mixin for a `ZeroStage`: records each rank's work, and hands student Functions a `StudentShard`."""
+
+    exercise = ""
+
+    def __init__(self, config: TrainConfig, functions: dict | None = None) -> None:
+        super().__init__(config, functions)
+        self.record = RankRecord()
+        for layer in self.layers:
+            layer.master = RecordingAdam(layer.master, layer.name, self.record)
+        student_functions = set((functions or {}).values())
+        for module in self.model.modules():
+            if isinstance(module, FunctionLayer) and module.function in student_functions:
+                module.shard = StudentShard(module.shard, self.exercise)
+
+    def optimizer_step(self) -> bool:
+        if self.stage >= 2:
+            self.record.stray_grads.update(
+                name.rsplit(".params.", 1)[0] for name, p in self.model.named_parameters() if p.grad is not None
+            )
+        return super().optimizer_step()
+
+
+def graded_stage(stage_cls: type[ZeroStage], exercise: str) -> type[ZeroStage]:
+    """`stage_cls` with the recorders of `Recording`."""
+    return type(f"Graded{stage_cls.__name__}", (Recording, stage_cls), {"exercise": exercise})
+
+
+def _train_rank(stage_cls: type[ZeroStage], functions: dict | None, steps: int) -> RankRecord:
+    trainer = stage_cls(CONFIG, functions=functions)
+    for step in range(steps):
+        trainer.record.losses.append(trainer.train_step(step))
+    trainer.record.master = trainer.master_shards()
+    return trainer.record
+
+
+def layer_partitions(world_size: int) -> dict[str, FlatPartition]:
+    model = build_model(CONFIG.model, CONFIG.seed)
+    return {
+        name: FlatPartition(sum(p.numel() for p in module.parameters()), world_size)
+        for name, module in parameter_layers(model)
+    }
+
+
+def train(stage_cls: type[ZeroStage], world_size: int, functions: dict | None = None, steps: int = STEPS) -> Run:
+    """Train `stage_cls` (a `graded_stage`) on `world_size` ranks; cluster errors propagate."""
+    cluster = VirtualCluster(world_size, timeout_s=COLLECTIVE_TIMEOUT_S, seed=CONFIG.seed)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        records = cluster.run(_train_rank, stage_cls, functions, steps, deadline_s=RUN_DEADLINE_S)
+    finally:
+        torch.set_num_threads(threads)
+    return Run(world_size, steps, records, cluster.trackers, cluster.ledger, layer_partitions(world_size))
+
+
+def explain_failure(error: BaseException, what: str) -> str:
+    """A message for a run that did not finish: the rank, the collective, and what to look at."""
+    if isinstance(error, RankFailed) and isinstance(error.error, ReferenceUsed):
+        return f"{what}: {error.error}"
+    if isinstance(error, RankFailed):
+        return f"{what}: rank {error.rank} raised {describe_exception(error.error)}"
+    if isinstance(error, CollectiveMismatch | CollectiveDeadlock | CollectiveTimeout):
+        return (
+            f"{what}: the ranks did not call the same collectives in the same order "
+            f"(in a real cluster this hangs).\n{error}"
+        )
+    if isinstance(error, RunTimeout):
+        return f"{what}: the run did not finish within {RUN_DEADLINE_S:g} s (an infinite loop?).\n{error}"
+    if isinstance(error, ClusterError):
+        return f"{what}: {error}"
+    return f"{what}: {describe_exception(error)}"
+
+
+T = TypeVar("T")
+_RUNS: OrderedDict[Hashable, Any] = OrderedDict()
+_HUNG: dict[Hashable, str] = {}
+
+
+def run_once(key: Hashable, student: tuple, make: Callable[[], T], what: str) -> T:
+    """`make()` once per `key` in this process; a failure raises `CheckFailed`, then and on every later call.
+
+    A run of the same `student` objects that hung once is not tried again (each try would take the
+    whole deadline): later runs fail at once with the first message.
+    """
+    if key not in _RUNS:
+        if student in _HUNG:
+            raise CheckFailed(f"{what}: not run, because an earlier run of the same code did not finish:\n"
+                              f"{_HUNG[student]}")
+        try:
+            outcome: Any = make()
+        except CheckFailed:
+            raise
+        except Exception as error:
+            outcome = explain_failure(error, what)
+            if isinstance(error, RunTimeout | CollectiveTimeout):
+                _HUNG[student] = outcome
+        _RUNS[key] = outcome
+        while len(_RUNS) > CACHED_RUNS:
+            _RUNS.popitem(last=False)
+    outcome = _RUNS[key]
+    if isinstance(outcome, str):
+        raise CheckFailed(outcome)
+    return outcome

@@ -1,0 +1,135 @@
+"""Load what a student wrote in a notebook: the solution cells, run after the course's own setup cells.
+
+A graded notebook has three kinds of code cells (nbgrader cell metadata): setup cells (locked, grade id
+`setup...`: imports), solution cells (`solution: true`: the student's code) and test cells (`grade: true`).
+Only the first two are run, in the order of the course's release notebook, and the setup cells are taken
+from that release copy (`exercises/<assignment>/<assignment>.ipynb`), never from the student's: a student
+can edit any cell of their copy, tests included, so nothing but their solutions is read from it. This is
+what nbgrader's autograde does too (it restores locked and test cells from its own copy).
+
+Each cell runs on its own: a cell that fails to compile or raises costs only the checks that need what
+it defines, and the failure is reported with the cell's grade id.
+"""
+
+from __future__ import annotations
+
+import json
+import linecache
+import sys
+import types
+from dataclasses import dataclass, field
+from importlib import import_module
+from pathlib import Path
+from typing import Any
+
+from autograder.checks import describe_exception
+from autograder.integrity import REFERENCE_MODULES, scan_source
+
+ROOT = Path(__file__).resolve().parents[1]
+RELEASE_DIR = ROOT / "exercises"
+EXERCISES = {
+    "ex01_collectives": "autograder.ex01",
+    "ex02_zero1_sharded_adam": "autograder.ex02",
+    "ex03_zero2_reduce_scatter_backward": "autograder.ex03",
+    "ex04_zero3_gather_linear": "autograder.ex04",
+    "ex05_memory_planning": "autograder.ex05",
+}
+
+
+def exercise_module(assignment: str) -> types.ModuleType:
+    """The autograder module of an assignment (its `CHECKS`, `ASSIGNMENT`, ...)."""
+    if assignment not in EXERCISES:
+        raise ValueError(f"unknown assignment {assignment!r}; the course has {', '.join(EXERCISES)}")
+    return import_module(EXERCISES[assignment])
+
+
+def assignment_of(path: Path) -> str:
+    """The assignment a notebook belongs to, from its file name (`ex03_zero2_reduce_scatter_backward.ipynb`)."""
+    if path.stem in EXERCISES:
+        return path.stem
+    raise ValueError(f"{path.name} is not one of the course's notebooks ({', '.join(f'{a}.ipynb' for a in EXERCISES)})")
+
+
+@dataclass
+class Submission:
+    """The namespace the solution cells built, and what went wrong on the way."""
+
+    assignment: str
+    namespace: dict[str, Any]
+    cell_errors: list[str] = field(default_factory=list)
+    integrity_problems: list[str] = field(default_factory=list)
+
+
+def _nbgrader(cell: dict) -> dict:
+    return cell.get("metadata", {}).get("nbgrader", {})
+
+
+def read_cells(path: Path) -> list[dict]:
+    """A notebook's cells, each source as one string (plain JSON: nbformat's schema checks cost seconds)."""
+    cells = json.loads(Path(path).read_text(encoding="utf-8"))["cells"]
+    for cell in cells:
+        if isinstance(cell.get("source"), list):
+            cell["source"] = "".join(cell["source"])
+    return cells
+
+
+def is_setup_cell(cell: dict) -> bool:
+    meta = _nbgrader(cell)
+    return (
+        cell["cell_type"] == "code"
+        and meta.get("locked", False)
+        and not meta.get("grade", False)
+        and not meta.get("solution", False)
+        and str(meta.get("grade_id", "")).startswith("setup")
+    )
+
+
+def is_solution_cell(cell: dict) -> bool:
+    return cell["cell_type"] == "code" and _nbgrader(cell).get("solution", False)
+
+
+def without_magics(source: str) -> str:
+    """IPython magics and shell escapes (`%timeit`, `!pip`) are not Python: each becomes `pass`."""
+    lines = []
+    for line in source.splitlines():
+        stripped = line.lstrip()
+        lines.append(line[: len(line) - len(stripped)] + "pass" if stripped.startswith(("%", "!")) else line)
+    return "\n".join(lines) + "\n"
+
+
+def _run_cell(source: str, filename: str, namespace: dict[str, Any]) -> None:
+    source = without_magics(source)
+    linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
+    exec(compile(source, filename, "exec"), namespace)
+
+
+def load(path: Path, assignment: str | None = None) -> Submission:
+    """Run the setup and solution cells of the notebook at `path`; never raises for the student's code."""
+    assignment = assignment or assignment_of(path)
+    module = exercise_module(assignment)
+    student = read_cells(path)
+    release = RELEASE_DIR / assignment / f"{assignment}.ipynb"
+    trusted = read_cells(release) if release.exists() else student
+    solutions = {_nbgrader(c).get("grade_id"): c["source"] for c in student if is_solution_cell(c)}
+
+    namespace_module = types.ModuleType("submission")
+    sys.modules["submission"] = namespace_module
+    submission = Submission(assignment, namespace_module.__dict__)
+    forbidden = getattr(module, "FORBIDDEN", REFERENCE_MODULES)
+    for cell in trusted:
+        grade_id = _nbgrader(cell).get("grade_id", "")
+        if is_setup_cell(cell):
+            source = cell["source"]
+        elif is_solution_cell(cell):
+            if grade_id not in solutions:
+                submission.cell_errors.append(f"cell `{grade_id}` is missing from the notebook")
+                continue
+            source = solutions[grade_id]
+            submission.integrity_problems += [f"cell `{grade_id}`, {p}" for p in scan_source(source, forbidden)]
+        else:
+            continue
+        try:
+            _run_cell(source, f"<cell {grade_id}>", submission.namespace)
+        except (Exception, SystemExit) as error:
+            submission.cell_errors.append(f"cell `{grade_id}` raised {describe_exception(error)}")
+    return submission

@@ -1,0 +1,237 @@
+"""Compare a student's run with the reference run and say what differs, where, and what to look at.
+
+The reference stages train bit for bit alike (every reduction adds in rank order in fp32, Adam is made
+of elementwise IEEE operations), so a correct piece gives *exactly* the reference's losses and fp32
+master weights: any difference, however small, is a bug, and the first place it shows is the clue.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import torch
+
+from autograder.checks import CheckFailed
+from autograder.harness import Run
+from zero_core.comm import CommEntry
+from zero_core.experiment import OVERFLOW_TAG
+
+MAX_LISTED = 4
+
+
+def _first_loss_difference(run: Run, reference: Run) -> tuple[int, str] | None:
+    """(step, description) of the first loss that differs, in step then rank order."""
+    for step in range(run.steps):
+        for rank in range(run.world_size):
+            got, want = run.ranks[rank].losses[step], reference.ranks[rank].losses[step]
+            if got != want:
+                return step, f"rank {rank}'s loss at step {step} is {got!r}, the reference's {want!r}"
+    return None
+
+
+def _first_master_difference(run: Run, reference: Run) -> str | None:
+    got, want = run.master_weights(), reference.master_weights()
+    for layer, partition in run.partitions.items():
+        if layer not in got:
+            return f"no rank returned master weights for layer {layer}"
+        if got[layer].shape != want[layer].shape:
+            return f"layer {layer}: {got[layer].numel()} master values, expected {want[layer].numel()}"
+        delta = (got[layer] - want[layer]).abs()
+        if torch.equal(got[layer], want[layer]):
+            continue
+        delta = torch.where(torch.isnan(delta), torch.full_like(delta, float("inf")), delta)
+        shards = sorted({int(i) // partition.chunk_numel for i in torch.nonzero(delta).flatten().tolist()})
+        return (
+            f"after {run.steps} steps, the first layer whose fp32 master weights differ: {layer} "
+            f"(max |Δ| = {delta.max().item():.3g}, "
+            f"in shard(s) {shards[:8]}{'...' if len(shards) > 8 else ''}, shard r being rank r's)"
+        )
+    return None
+
+
+def _diagnose_gradients(run: Run, reference: Run) -> str | None:
+    """The first (step, layer, rank) whose gradient given to Adam differs from the reference's, explained."""
+    n = run.world_size
+    for step in range(run.steps):
+        for layer, partition in run.partitions.items():
+            full = reference.averaged_gradient(layer, step)
+            if full is None:
+                continue
+            for rank, record in enumerate(run.ranks):
+                start, end = partition.owned_range(rank)
+                if end == start:
+                    continue
+                where = f"step {step}, layer {layer}, rank {rank}"
+                got = record.adam_grads.get((layer, step))
+                if got is None:
+                    return f"{where}: Adam was never given a gradient (call adam.step once per layer per step)"
+                want = full[start:end]
+                if got.shape != want.shape:
+                    return (
+                        f"{where}: Adam was given a gradient of {got.numel()} elements; rank {rank} owns "
+                        f"{end - start} (elements [{start}, {end}) of the flat layer: partition.owned_range(rank))"
+                    )
+                if got.dtype != torch.float32:
+                    return f"{where}: Adam was given a {got.dtype} gradient; give it fp32 (grad.float())"
+                if torch.equal(got, want):
+                    continue
+                for other in range(n):
+                    lo, hi = partition.owned_range(other)
+                    if other != rank and hi - lo == got.numel() and torch.equal(got, full[lo:hi]):
+                        return (
+                            f"rank {rank} kept shard {other} of layer {layer} (step {step}); expected shard "
+                            f"{rank}: rank r owns elements [r·chunk, (r+1)·chunk) with chunk = "
+                            f"{partition.chunk_numel}"
+                        )
+                if n > 1 and torch.allclose(got, want * n, rtol=2e-2, atol=1e-6):
+                    return (
+                        f"{where}: the gradient is {n}x the reference's average: the ranks' gradients were "
+                        "summed, not averaged (op=dist.ReduceOp.AVG)"
+                    )
+                later = (
+                    " (step 0's matched: what differs shows only once the parameters have been updated: an update "
+                    "that does not reach every rank, or a forward that ignores a parameter which starts at zero)"
+                    if step
+                    else ""
+                )
+                return (
+                    f"{where}: the averaged gradient differs from the reference's "
+                    f"(max |Δ| = {(got - want).abs().max().item():.3g}){later}"
+                )
+    return None
+
+
+def compare_training(run: Run, reference: Run, what: str) -> None:
+    """Losses of every rank and step, and fp32 master weights, must equal the reference's exactly."""
+    loss = _first_loss_difference(run, reference)
+    master = _first_master_difference(run, reference)
+    if loss is None and master is None:
+        return
+    lines = [f"{what}: training differs from the reference (a correct implementation matches bit for bit)."]
+    lines += [f"  {text}" for text in (loss and loss[1], master) if text]
+    diagnosis = None if loss and loss[0] == 0 else _diagnose_gradients(run, reference)
+    if loss and loss[0] == 0:
+        lines.append("  diagnosis: the loss differs at step 0, before any update: the forward pass differs")
+    elif diagnosis:
+        lines.append(f"  diagnosis: {diagnosis}")
+    else:
+        lines.append(
+            "  diagnosis: every gradient given to Adam was right: look at how the updated values get back "
+            "into the parameters"
+        )
+    raise CheckFailed("\n".join(lines))
+
+
+def check_no_stray_gradients(run: Run, what: str) -> None:
+    """ZeRO-2/3: backward returns None for the parameters, so autograd never stores a full `.grad`."""
+    for rank, record in enumerate(run.ranks):
+        if record.stray_grads:
+            layers = sorted(record.stray_grads)
+            raise CheckFailed(
+                f"{what}: on rank {rank}, autograd stored a full-size .grad for layer(s) {layers[:MAX_LISTED]}: "
+                "backward returned a gradient for the parameters. After reduce-scattering it, return None "
+                "for them: under ZeRO-2/3 no rank keeps a full gradient."
+            )
+
+
+def registrations(run: Run, rank: int, category: str, step: int) -> list[int]:
+    """Sizes (bytes, padding excluded) of the buffers registered under `category` during `step`."""
+    return sorted(e.delta_bytes for e in run.trackers[rank].timeline if e.category == category and e.delta_bytes > 0
+                  and e.step == step)
+
+
+def held_between_phases(run: Run, rank: int, category: str) -> list[tuple[int, str, int]]:
+    """(step, phase that just ended, bytes of `category` still held) at each end of forward and backward."""
+    held, phase, step, out = 0, None, 0, []
+    for event in run.trackers[rank].timeline:
+        if phase in ("forward", "backward") and (event.phase != phase or event.step != step):
+            out.append((step, phase, held))
+        phase, step = event.phase, event.step
+        if event.category == category:
+            held += event.delta_bytes
+    if phase in ("forward", "backward"):
+        out.append((step, phase, held))
+    return out
+
+
+def compare_peaks(run: Run, reference: Run, category: str, what: str, advice: str) -> None:
+    for rank in range(run.world_size):
+        got, want = run.trackers[rank].peak_bytes(category), reference.trackers[rank].peak_bytes(category)
+        if got > want:
+            raise CheckFailed(
+                f"{what}: rank {rank}'s peak of {category} is {got:,} bytes, the reference's {want:,}. {advice}"
+            )
+
+
+def compare_registrations(run: Run, reference: Run, category: str, what: str, advice: str) -> None:
+    """The buffers registered under `category` (count and sizes) must be the reference's, step by step."""
+    for step in range(run.steps):
+        for rank in range(run.world_size):
+            got = registrations(run, rank, category, step)
+            want = registrations(reference, rank, category, step)
+            if got == want:
+                continue
+            sizes = ""
+            if len(got) == len(want):
+                sizes = " The sizes differ: is padding registered as padding (padding_elements=...)?"
+            raise CheckFailed(
+                f"{what}: at step {step}, rank {rank} registered {len(got)} buffer(s) as {category} "
+                f"({sum(got):,} bytes); the reference registers {len(want)} ({sum(want):,} bytes).{sizes} {advice}"
+            )
+
+
+def check_released(run: Run, category: str, what: str, advice: str) -> None:
+    for rank in range(run.world_size):
+        for step, phase, held in held_between_phases(run, rank, category):
+            if held:
+                raise CheckFailed(
+                    f"{what}: after the {phase} pass of step {step}, rank {rank} still held {held:,} bytes of "
+                    f"{category}. {advice}"
+                )
+
+
+def _key(entry: CommEntry) -> tuple[str, str, int]:
+    return entry.op, entry.dtype, entry.elements
+
+
+def _describe(keys: Counter, entries: list[CommEntry]) -> str:
+    """'2x all_gather of 64 bfloat16 elements (tags ...)', largest first."""
+    parts = []
+    for op, dtype, elements in sorted(keys, key=lambda k: -k[2]):
+        tags = sorted({e.tag for e in entries if _key(e) == (op, dtype, elements)})
+        count = keys[(op, dtype, elements)]
+        parts.append(f"{count}x {op} of {elements:,} {dtype} elements (tags: {', '.join(tags[:3])})")
+    more = f"; and {len(parts) - MAX_LISTED} more sizes" if len(parts) > MAX_LISTED else ""
+    return "; ".join(parts[:MAX_LISTED]) + more
+
+
+def compare_collectives(run: Run, reference: Run, what: str) -> None:
+    """The same collectives (op, dtype, size) as the reference, step by step, so the same bytes on the wire."""
+    for step in range(run.steps):
+        for rank in range(run.world_size):
+            entries = run.ledger.entries(rank, step=step, exclude_tags=(OVERFLOW_TAG,))
+            expected = reference.ledger.entries(rank, step=step, exclude_tags=(OVERFLOW_TAG,))
+            got, want = Counter(map(_key, entries)), Counter(map(_key, expected))
+            if got == want:
+                continue
+            sent = sum(e.bytes_sent for e in entries)
+            sent_ref = sum(e.bytes_sent for e in expected)
+            ops = ", ".join(f"{count} {op}" for op, count in sorted(Counter(e.op for e in expected).items()))
+            lines = [
+                f"{what}: rank {rank}'s collectives at step {step} differ from the reference's ({ops}).",
+                f"  bytes sent: {sent:,}, the reference's {sent_ref:,}"
+                + (f" ({sent / sent_ref:.2f}x)" if sent_ref else ""),
+            ]
+            if want - got:
+                lines.append(f"  missing: {_describe(want - got, expected)}")
+            if got - want:
+                lines.append(f"  unexpected: {_describe(got - want, entries)}")
+            raise CheckFailed("\n".join(lines))
+
+
+GRAD_BUCKET_ADVICE = (
+    "Register each layer's gradient bucket right after packing it: shard.tracker.register(bucket, "
+    "memory.GRAD_BUCKET, padding_elements=shard.partition.padding), and release it after the reduce-scatter."
+)
+ACTIVATIONS_ADVICE = "Save only what the reference saves for backward (the layer's input), not the weights."
+GRAD_ADVICE = "A full-size gradient was registered as grad.fp16: only the 1/N shard (shard.grad) may be."

@@ -1,0 +1,26 @@
+"""nbgrader's configuration for this course; run nbgrader from the repository root.
+
+    nbgrader generate_assignment ex03_zero2_reduce_scatter_backward --force   # solutions/ -> exercises/
+    nbgrader autograde ex03_zero2_reduce_scatter_backward                     # out/submitted/ -> out/autograded/
+    nbgrader generate_feedback ex03_zero2_reduce_scatter_backward             # -> out/feedback/
+
+The source notebooks (solutions and hidden tests) live in `solutions/<assignment>/`, the release
+notebooks students get in `exercises/<assignment>/` (committed; tests/test_exercises_in_sync.py checks
+they are what generate_assignment makes). Collected, autograded and feedback notebooks go under `out/`,
+and the gradebook is `gradebook.db` beside this file: both are git-ignored, as they hold students' work.
+"""
+
+from pathlib import Path
+
+c = get_config()  # noqa: F821 (nbgrader provides get_config when it loads this file)
+
+c.CourseDirectory.source_directory = "solutions"
+c.CourseDirectory.release_directory = "exercises"
+c.CourseDirectory.submitted_directory = "out/submitted"
+c.CourseDirectory.autograded_directory = "out/autograded"
+c.CourseDirectory.feedback_directory = "out/feedback"
+c.CourseDirectory.db_url = f"sqlite:///{Path(__file__).resolve().parent / 'gradebook.db'}"
+
+# A test cell trains the tiny GPT on up to 7 virtual ranks: seconds, far above nbgrader's default 30 s
+# on a loaded machine.
+c.Execute.timeout = 300

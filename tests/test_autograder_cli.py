@@ -1,0 +1,157 @@
+"""`python -m autograder check` for a student and `python -m autograder grade` for an instructor.
+
+ex05 (pure arithmetic, no training) keeps these tests fast; the training exercises go through the same
+child-process path in tests/test_grading_integrity.py.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from autograder.cli import write_csv_atomically
+
+ROOT = Path(__file__).resolve().parents[1]
+EX05 = "ex05_memory_planning"
+pytestmark = pytest.mark.ex05
+
+
+def run_autograder(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "autograder", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=240)
+
+
+def notebook(folder: str, assignment: str = EX05) -> Path:
+    return ROOT / folder / assignment / f"{assignment}.ipynb"
+
+
+def with_cell(assignment: str, grade_id: str, source: str, path: Path) -> Path:
+    nb = json.loads(notebook("solutions", assignment).read_text())
+    for cell in nb["cells"]:
+        if cell["metadata"].get("nbgrader", {}).get("grade_id") == grade_id:
+            cell["source"] = source
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(nb))
+    return path
+
+
+def test_check_prints_every_check_and_the_total_last() -> None:
+    done = run_autograder("check", str(notebook("solutions")))
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith(EX05)
+    assert sum(line.startswith("[2/2] test_") for line in lines) == 5
+    assert lines[-1] == "total: 10/10 points"
+
+
+def test_check_exits_zero_when_points_are_lost() -> None:
+    done = run_autograder("check", str(notebook("exercises")))
+    assert done.returncode == 0, done.stderr
+    assert "[0/2] test_model_state_bytes: " in done.stdout
+    assert "NotImplementedError" in done.stdout
+    assert done.stdout.splitlines()[-1] == "total: 0/10 points"
+
+
+def test_check_refuses_a_notebook_that_is_not_an_exercise(tmp_path: Path) -> None:
+    other = tmp_path / "homework.ipynb"
+    other.write_text(notebook("exercises").read_text())
+    done = run_autograder("check", str(other))
+    assert done.returncode == 2
+    assert "not one of the course's notebooks" in done.stderr
+
+
+@pytest.fixture
+def fake_class(tmp_path: Path) -> Path:
+    """nbgrader's submitted/ layout: alice is right, bob has one formula wrong, carol's file is not a notebook."""
+    submitted = tmp_path / "submitted"
+    alice = submitted / "alice" / EX05 / f"{EX05}.ipynb"
+    alice.parent.mkdir(parents=True)
+    shutil.copy(notebook("solutions"), alice)
+    wrong_stage_2 = notebook("solutions").read_text().replace("2: (2, 2 + k)", "2: (2, k)")
+    (submitted / "bob" / EX05).mkdir(parents=True)
+    (submitted / "bob" / EX05 / f"{EX05}.ipynb").write_text(wrong_stage_2)
+    (submitted / "carol" / EX05).mkdir(parents=True)
+    (submitted / "carol" / EX05 / f"{EX05}.ipynb").write_text("{ this is not json")
+    return submitted
+
+
+def read_grades(path: Path) -> dict[str, dict]:
+    with path.open(newline="") as handle:
+        return {row["student"]: row for row in csv.DictReader(handle)}
+
+
+def test_grade_writes_the_csv_and_feedback_and_survives_a_broken_notebook(fake_class: Path, tmp_path: Path) -> None:
+    out, feedback = tmp_path / "grades.csv", tmp_path / "feedback"
+    done = run_autograder("grade", str(fake_class), "--out", str(out), "--feedback", str(feedback),
+                          "--assignments", EX05)
+    assert done.returncode == 0, done.stderr
+    assert "grading" in done.stderr  # the progress bar
+    grades = read_grades(out)
+    assert {s: (g[EX05], g["total"], g["max_total"]) for s, g in grades.items()} == {
+        "alice": ("10", "10", "10"),
+        "bob": ("2", "2", "10"),
+        "carol": ("0", "0", "10"),
+    }
+    bob = (feedback / "bob.txt").read_text()
+    assert "2Ψ + 14Ψ/N" in bob and bob.rstrip().endswith("total: 2/10 points")
+    carol = (feedback / "carol.txt").read_text()
+    assert "not graded: the grading process exited with code 1" in carol
+
+
+def test_a_rerun_resumes_and_force_regrades(fake_class: Path, tmp_path: Path) -> None:
+    out, feedback = tmp_path / "grades.csv", tmp_path / "feedback"
+    args = ("grade", str(fake_class), "--out", str(out), "--feedback", str(feedback), "--assignments", EX05,
+            "--no-progress")
+    shutil.rmtree(fake_class / "carol")
+    assert run_autograder(*args).returncode == 0
+    first = out.read_text()
+    dave = fake_class / "dave" / f"{EX05}.ipynb"
+    dave.parent.mkdir()
+    shutil.copy(notebook("exercises"), dave)
+    done = run_autograder(*args)
+    assert "graded 1 student(s), skipped 2" in done.stdout
+    assert out.read_text().startswith(first.splitlines()[0])
+    assert read_grades(out)["dave"][EX05] == "0"
+    done = run_autograder(*args, "--force")
+    assert "graded 3 student(s), skipped 0" in done.stdout
+
+
+def test_a_missing_notebook_costs_its_points_with_a_message(tmp_path: Path) -> None:
+    submitted = tmp_path / "submitted"
+    (submitted / "erin").mkdir(parents=True)
+    out, feedback = tmp_path / "grades.csv", tmp_path / "feedback"
+    done = run_autograder("grade", str(submitted), "--out", str(out), "--feedback", str(feedback),
+                          "--assignments", EX05, "--no-progress")
+    assert done.returncode == 0, done.stderr
+    assert read_grades(out)["erin"]["total"] == "0"
+    assert f"no {EX05}.ipynb submitted" in (feedback / "erin.txt").read_text()
+
+
+def test_the_csv_is_replaced_whole_or_not_at_all(tmp_path: Path) -> None:
+    path = tmp_path / "grades.csv"
+    write_csv_atomically(path, ["student", "total"], [{"student": "alice", "total": "10"}])
+    before = path.read_text()
+    with pytest.raises(ValueError):
+        write_csv_atomically(path, ["student", "total"], [{"student": "bob", "total": "3", "oops": "x"}])
+    assert path.read_text() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["grades.csv"]
+
+
+def test_a_batch_of_one_notebook_per_check_kind_matches_the_in_process_grade(tmp_path: Path) -> None:
+    """The child process grades exactly as the checks do in process (same results, same order)."""
+    from autograder.sandbox import grade_notebook, grade_submission
+    from autograder.submission import exercise_module, load
+
+    path = with_cell(EX05, "answers", "q1_gb_per_gpu = 16.6\nq2_stage, q2_gpus, q3_gpus = 3, 32, 2\nq4_gb_sent = 1.0\n",
+                     tmp_path / EX05 / f"{EX05}.ipynb")
+    in_child = grade_notebook(path)
+    in_process = list(grade_submission(load(path), exercise_module(EX05).CHECKS))
+    assert in_child == in_process
+    assert [r.name for r in in_child if not r.passed] == ["test_hidden_answers"]
+    assert "q4_gb_sent = 1.0 is not right" in in_child[-1].message

@@ -1,0 +1,125 @@
+"""The grader grades what it should: solutions earn every point, untouched exercises none, and each wrong
+submission in tests/fixtures/wrong loses exactly the checks its header names, with a message that says why."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from autograder.checks import CheckResult, total
+from autograder.sandbox import Limits, grade_notebook, grade_submission
+from autograder.submission import EXERCISES, exercise_module, load
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = ROOT / "tests" / "fixtures" / "wrong"
+CELL_MARKER = "# --- cell ---\n"
+
+
+def marker(assignment: str) -> pytest.MarkDecorator:
+    return getattr(pytest.mark, assignment[:4])
+
+
+def solution_notebook(assignment: str) -> Path:
+    return ROOT / "solutions" / assignment / f"{assignment}.ipynb"
+
+
+def release_notebook(assignment: str) -> Path:
+    return ROOT / "exercises" / assignment / f"{assignment}.ipynb"
+
+
+def grade_in_process(notebook: Path) -> list[CheckResult]:
+    """What the CLI's child process does, in this process: load the cells, run every check."""
+    submission = load(notebook)
+    return list(grade_submission(submission, exercise_module(submission.assignment).CHECKS))
+
+
+@dataclass(frozen=True)
+class WrongSubmission:
+    """One file of tests/fixtures/wrong: its header, and the cell it puts in place of a solution cell."""
+
+    path: Path
+    exercise: str
+    cell: str
+    loses: frozenset[str]
+    message: str
+    child: bool
+    source: str
+
+    @classmethod
+    def read(cls, path: Path) -> WrongSubmission:
+        header, source = path.read_text().split(CELL_MARKER, 1)
+        meta: dict = {}
+        exec(header, meta)
+        if "CELL_SOURCE" in source:  # code that is not valid Python is kept in a string
+            namespace: dict = {}
+            exec(source, namespace)
+            source = namespace["CELL_SOURCE"]
+        return cls(path, meta["EXERCISE"], meta["CELL"], frozenset(meta["LOSES"]), meta["MESSAGE"], meta["CHILD"],
+                   source)
+
+    def notebook(self, directory: Path) -> Path:
+        """The solution notebook with this submission's cell in place of `cell`."""
+        notebook = json.loads(solution_notebook(self.exercise).read_text())
+        cells = [c for c in notebook["cells"] if c["metadata"].get("nbgrader", {}).get("grade_id") == self.cell]
+        assert len(cells) == 1, f"{self.path.name}: no solution cell {self.cell!r} in {self.exercise}"
+        cells[0]["source"] = self.source
+        path = directory / self.exercise / f"{self.exercise}.ipynb"
+        path.parent.mkdir(parents=True)
+        path.write_text(json.dumps(notebook))
+        return path
+
+
+WRONG = [WrongSubmission.read(path) for path in sorted(FIXTURES.glob("*.py"))]
+
+
+def wrong_params(child: bool) -> list:
+    return [
+        pytest.param(w, id=w.path.stem, marks=marker(w.exercise)) for w in WRONG if w.child == child
+    ]
+
+
+def assert_loses_exactly(wrong: WrongSubmission, results: list[CheckResult]) -> None:
+    lost = {r.name for r in results if not r.passed}
+    assert lost == wrong.loses, f"{wrong.path.name}: lost {sorted(lost)}, expected {sorted(wrong.loses)}\n" + "\n".join(
+        f"{r.name}: {r.message}" for r in results
+    )
+    first_lost = next(r for r in results if not r.passed)
+    assert wrong.message in first_lost.message, first_lost.message
+
+
+@pytest.mark.parametrize("assignment", [pytest.param(a, marks=marker(a)) for a in EXERCISES])
+def test_the_solution_earns_every_point(assignment: str) -> None:
+    results = grade_in_process(solution_notebook(assignment))
+    assert [r.message for r in results if not r.passed] == []
+    assert total(results) == (10, 10)
+
+
+@pytest.mark.parametrize("assignment", [pytest.param(a, marks=marker(a)) for a in EXERCISES])
+def test_the_untouched_exercise_earns_nothing_and_says_it_is_not_done(assignment: str) -> None:
+    results = grade_in_process(release_notebook(assignment))
+    assert total(results) == (0, 10)
+    assert all("NotImplementedError" in r.message for r in results), [r.message for r in results]
+
+
+@pytest.mark.parametrize("wrong", wrong_params(child=False))
+def test_a_wrong_submission_loses_exactly_its_checks(wrong: WrongSubmission, tmp_path: Path) -> None:
+    assert_loses_exactly(wrong, grade_in_process(wrong.notebook(tmp_path)))
+
+
+@pytest.mark.parametrize("wrong", wrong_params(child=True))
+def test_a_submission_that_loops_or_exits_loses_its_checks_in_a_child_process(
+    wrong: WrongSubmission, tmp_path: Path
+) -> None:
+    limits = Limits(time_s=8, check_time_s=3) if "in_function" in wrong.path.stem else Limits(time_s=5, check_time_s=60)
+    assert_loses_exactly(wrong, grade_notebook(wrong.notebook(tmp_path), limits=limits))
+
+
+def test_every_assignment_has_a_wrong_submission_and_no_fixture_is_misnamed() -> None:
+    assert {w.exercise for w in WRONG} == set(EXERCISES)
+    for wrong in WRONG:
+        assert wrong.path.stem.startswith(wrong.exercise[:4]), wrong.path.name
+        checks = {c.name for c in exercise_module(wrong.exercise).CHECKS}
+        assert wrong.loses <= checks, f"{wrong.path.name} names unknown checks {sorted(wrong.loses - checks)}"

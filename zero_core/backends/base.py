@@ -1,0 +1,84 @@
+"""What a backend must do: move the data of the five collectives `zero_core.dist` offers, nothing else.
+
+`zero_core.dist` checks every call on the calling rank and records it in the rank's ledger; the rank's
+backend only moves the bytes. Two backends implement this interface: `VirtualBackend` (the virtual
+cluster's rendezvous, one thread per rank) and `TorchBackend` (a real `torch.distributed` process
+group, one process per rank, under torchrun). Reports from either have one schema because everything
+they count is counted in `dist`, above the backend.
+
+The contract both keep: reductions accumulate in fp32 (fp64 stays fp64) whatever the tensor's dtype,
+and `ReduceOp.AVG` is the fp32 sum divided by N once, then cast back to the tensor's dtype.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+
+if TYPE_CHECKING:
+    from zero_core.cluster import CollectiveCall
+
+
+class ReduceOp(enum.Enum):
+    """How a reduction combines the ranks' values (the names of `torch.distributed.ReduceOp`)."""
+
+    SUM = "sum"
+    AVG = "avg"
+    MAX = "max"
+    MIN = "min"
+
+
+class Backend(Protocol):
+    """Moves one rank's data in a collective. Arguments are already checked; `call` describes the collective.
+
+    Every method blocks until this rank's part is done and leaves the result in the output tensor.
+    """
+
+    name: str
+    rank: int
+    world_size: int
+
+    def all_reduce(self, tensor: torch.Tensor, op: ReduceOp, call: CollectiveCall) -> None: ...
+
+    def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: ReduceOp, call: CollectiveCall) -> None: ...
+
+    def all_gather(self, output: torch.Tensor, input: torch.Tensor, call: CollectiveCall) -> None: ...
+
+    def broadcast(self, tensor: torch.Tensor, src: int, call: CollectiveCall) -> None: ...
+
+    def barrier(self, call: CollectiveCall) -> None: ...
+
+
+def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype reductions of `dtype` accumulate in: fp32 for every float but fp64; integers stay themselves."""
+    if not dtype.is_floating_point:
+        return dtype
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def divide_by_world_size(total: torch.Tensor, world_size: int) -> torch.Tensor:
+    """The AVG of a SUM: one division by N, in place for floats, floor division for integers."""
+    if total.is_floating_point():
+        return total.div_(world_size)
+    return total.div(world_size, rounding_mode="floor")
+
+
+def reduce_in_rank_order(inputs: list[torch.Tensor], op: ReduceOp) -> torch.Tensor:
+    """Combine equal-shaped tensors elementwise, in rank order, accumulating in fp32 (fp64 stays fp64).
+
+    Elementwise adds in a fixed order: slicing the inputs first gives bit-identical slices of the result.
+    """
+    acc_dtype = accumulation_dtype(inputs[0].dtype)
+    acc = inputs[0].to(acc_dtype, copy=True)
+    for tensor in inputs[1:]:
+        if op in (ReduceOp.SUM, ReduceOp.AVG):
+            acc.add_(tensor)
+        elif op == ReduceOp.MAX:
+            torch.maximum(acc, tensor.to(acc_dtype), out=acc)
+        else:
+            torch.minimum(acc, tensor.to(acc_dtype), out=acc)
+    if op == ReduceOp.AVG:
+        acc = divide_by_world_size(acc, len(inputs))
+    return acc.to(inputs[0].dtype)

@@ -1,0 +1,52 @@
+"""The virtual cluster's backend: a collective is a rendezvous of rank threads, combined once in rank order.
+
+Each rank thread hands its input to `VirtualCluster.exchange`; the last rank to arrive combines all the
+inputs once (a sum in rank order 0, 1, ..., N-1 with fp32 accumulation, or a concatenation), and every
+rank copies out its part. Summing in one fixed order is what makes an all-reduce followed by taking a
+slice bit-for-bit equal to a reduce-scatter, so that every ZeRO stage trains to the same weights.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from zero_core.backends.base import ReduceOp, reduce_in_rank_order
+
+if TYPE_CHECKING:
+    from zero_core.cluster import CollectiveCall, VirtualCluster
+
+
+class VirtualBackend:
+    """Rank `rank`'s side of a `VirtualCluster`'s rendezvous."""
+
+    name = "virtual"
+
+    def __init__(self, cluster: VirtualCluster, rank: int) -> None:
+        self.cluster = cluster
+        self.rank = rank
+        self.world_size = cluster.world_size
+
+    def all_reduce(self, tensor: torch.Tensor, op: ReduceOp, call: CollectiveCall) -> None:
+        result = self.cluster.exchange(self.rank, call, tensor, lambda inputs: reduce_in_rank_order(inputs, op))
+        tensor.copy_(result)
+
+    def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: ReduceOp, call: CollectiveCall) -> None:
+        result = self.cluster.exchange(
+            self.rank, call, input, lambda inputs: reduce_in_rank_order([t.reshape(-1) for t in inputs], op)
+        )
+        n = output.numel()
+        output.copy_(result[self.rank * n : (self.rank + 1) * n].view(output.shape))
+
+    def all_gather(self, output: torch.Tensor, input: torch.Tensor, call: CollectiveCall) -> None:
+        result = self.cluster.exchange(
+            self.rank, call, input, lambda inputs: torch.cat([t.reshape(-1) for t in inputs])
+        )
+        output.copy_(result.view(output.shape))
+
+    def broadcast(self, tensor: torch.Tensor, src: int, call: CollectiveCall) -> None:
+        tensor.copy_(self.cluster.exchange(self.rank, call, tensor, lambda inputs: inputs[src].clone()))
+
+    def barrier(self, call: CollectiveCall) -> None:
+        self.cluster.exchange(self.rank, call, None, lambda inputs: None)

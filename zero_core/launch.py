@@ -1,0 +1,297 @@
+"""`torchrun ... -m zero_core.launch`: the same ZeRO stages on a real `torch.distributed` process group.
+
+    torchrun --nproc-per-node 4 -m zero_core.launch --stage 3 --steps 5 --preset micro
+
+One process per rank, gloo on CPU (NCCL when every rank has its own CUDA device). Each process trains
+with the stage code the virtual cluster runs, through `zero_core.dist` on a `TorchBackend`, so its
+ledger and memory tracker count exactly as a virtual rank's do. Rank 0 gathers every rank's
+measurements (with `torch.distributed.gather_object`, outside the ledger), builds the `StageReport`
+with the virtual run's own code (`experiment._report`), and prints the same tables as
+`python -m zero_core compare`; `--json` writes the same schema.
+
+Failures end in one line per rank, never a hang: bad arguments, no torchrun environment, or a world size
+the run cannot use exit with code 2; a rank that dies or stops responding makes the others exit with
+code 1 within `--timeout` seconds, naming the collective they were waiting in.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as torch_dist
+from tqdm import tqdm
+
+from zero_core.backends.faulty import FaultyBackend
+from zero_core.backends.torch_distributed import (
+    CollectiveFailed,
+    TorchBackend,
+    error_gist,
+    join_process_group,
+    process_context,
+)
+from zero_core.cli.compare import MAX_STEPS, parse_stages, render, write_json
+from zero_core.cli.errors import UsageError
+from zero_core.cli.render import table
+from zero_core.cluster import MAX_WORLD_SIZE
+from zero_core.comm import CommLedger
+from zero_core.context import activate
+from zero_core.experiment import StageReport, _report, _train_on_rank, equivalence, run_stage
+from zero_core.memory import MemoryEvent, MemoryTracker
+from zero_core.model import PRESETS, count_parameters, preset
+from zero_core.stages import TrainConfig
+from zero_core.stages.base import ZERO1_GRAD_SYNCS
+
+PROG = "python -m zero_core.launch"
+TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+EXAMPLE = "torchrun --nproc-per-node 4 -m zero_core.launch --stage 3"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:
+        sys.stderr.write(f"{PROG}: error: {message} (see --help)\n")
+        sys.exit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog=PROG, description=__doc__.splitlines()[0])
+    p.add_argument("--stages", "--stage", default="3", help="stage, or comma-separated stages like 0,3 (default 3)")
+    p.add_argument("--steps", type=int, default=3, help="training steps per stage (default 3)")
+    p.add_argument("--preset", default="tiny", help=f"model size: {', '.join(PRESETS)} (default tiny)")
+    p.add_argument("--precision", default="bf16", choices=["bf16", "fp16", "fp32"], help="training precision")
+    p.add_argument("--zero1-grad-sync", default="reduce_scatter", choices=ZERO1_GRAD_SYNCS)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--backend", default="auto", choices=["auto", "gloo", "nccl"], help="auto: NCCL if every rank has a GPU"
+    )
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds a rank waits for the others (default 30)")
+    p.add_argument("--json", metavar="PATH", help="also write every measurement as JSON (the compare schema)")
+    p.add_argument("--save", metavar="PATH", help="also torch.save losses, fp32 master weights and all ledgers")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--check-virtual", action="store_true", help="rank 0 also runs N virtual ranks and compares")
+    p.add_argument("--fail-rank", type=int, default=-1, help=argparse.SUPPRESS)
+    p.add_argument("--fail-at-step", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--fail-mode", default="exit", choices=["exit", "hang"], help=argparse.SUPPRESS)
+    return p
+
+
+@dataclass(frozen=True)
+class TorchrunEnv:
+    """Who this process is, as torchrun says in its environment variables."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+
+
+def torchrun_env(environ: dict[str, str] | os._Environ) -> TorchrunEnv:
+    """This process's rank and world size; a `UsageError` outside torchrun or for a world size we cannot use.
+
+    Unusable: more than `MAX_WORLD_SIZE` processes, since every real run must be reproducible on the
+    virtual cluster, which is what the real run is checked against.
+    """
+    missing = [name for name in TORCHRUN_VARIABLES if name not in environ]
+    if missing:
+        raise UsageError(f"{', '.join(missing)} not set: start me with torchrun, e.g. `{EXAMPLE}`")
+    try:
+        env = TorchrunEnv(int(environ["RANK"]), int(environ["WORLD_SIZE"]), int(environ["LOCAL_RANK"]))
+    except ValueError:
+        raise UsageError("RANK, WORLD_SIZE and LOCAL_RANK must be integers (torchrun sets them)") from None
+    if not 1 <= env.world_size <= MAX_WORLD_SIZE:
+        raise UsageError(
+            f"world size {env.world_size} is not usable: a real run must be reproducible on the virtual cluster, "
+            f"which has 1 to {MAX_WORLD_SIZE} ranks; launch fewer processes"
+        )
+    if not 0 <= env.rank < env.world_size:
+        raise UsageError(f"RANK {env.rank} is outside 0..{env.world_size - 1}")
+    return env
+
+
+def check(args: argparse.Namespace, env: TorchrunEnv) -> list[int]:
+    """The stages to run, after checking every argument the way `compare` does; `UsageError` otherwise."""
+    if not 1 <= args.steps <= MAX_STEPS:
+        raise UsageError(f"--steps must be between 1 and {MAX_STEPS}, got {args.steps}")
+    if args.preset not in PRESETS:
+        raise UsageError(f"unknown --preset {args.preset!r}; choose one of {', '.join(PRESETS)}")
+    if args.timeout <= 0:
+        raise UsageError(f"--timeout must be positive, got {args.timeout}")
+    if args.fail_rank >= env.world_size:
+        raise UsageError(f"--fail-rank {args.fail_rank} is outside 0..{env.world_size - 1}")
+    for option, path in (("--json", args.json), ("--save", args.save)):
+        if path and not Path(path).resolve().parent.is_dir():
+            raise UsageError(f"{option}: folder {Path(path).resolve().parent} does not exist")
+    return parse_stages(args.stages)
+
+
+@dataclass
+class TrackerSnapshot:
+    """The read side of a rank's `MemoryTracker` as plain data, so that it can travel to rank 0 pickled."""
+
+    rank: int
+    peak_total: int
+    peaks: dict[str, int]
+    current: dict[str, int]
+    timeline: list[MemoryEvent]
+
+    @classmethod
+    def of(cls, tracker: MemoryTracker) -> TrackerSnapshot:
+        return cls(
+            tracker.rank,
+            tracker.peak_bytes(),
+            tracker.peak_by_category(),
+            tracker.current_by_category(),
+            list(tracker.timeline),
+        )
+
+    def peak_bytes(self, category: str | None = None) -> int:
+        return self.peak_total if category is None else self.peaks[category]
+
+    def current_bytes(self, category: str | None = None) -> int:
+        return sum(self.current.values()) if category is None else self.current[category]
+
+
+def train_stage(
+    stage: int, config: TrainConfig, steps: int, backend: TorchBackend | FaultyBackend, bar: tqdm | None
+) -> StageReport | None:
+    """Train `stage` on this rank; rank 0 gathers every rank's measurements and returns the report."""
+    ctx = process_context(backend, seed=config.seed)
+    with activate(ctx):
+        result = _train_on_rank(config, stage, steps, None, None if bar is None else lambda step: bar.update())
+    mine = (result, ctx.ledger, TrackerSnapshot.of(ctx.tracker))
+    gathered = [None] * backend.world_size if backend.rank == 0 else None
+    try:
+        torch_dist.gather_object(mine, gathered, dst=0)
+    except RuntimeError as error:
+        raise CollectiveFailed(
+            f"rank {backend.rank}: gathering the ZeRO-{stage} measurements on rank 0 failed ({error_gist(error)}). "
+            "Another rank has most likely died or stopped responding"
+        ) from error
+    if backend.rank != 0:
+        return None
+    ledger = CommLedger(backend.world_size)
+    ledger.ranks = [ranks_ledger for _, ranks_ledger, _ in gathered]
+    results = [ranks_result for ranks_result, _, _ in gathered]
+    return _report(stage, backend.world_size, steps, config, ledger, [t for _, _, t in gathered], results)
+
+
+def save_runs(path: Path, backend: TorchBackend | FaultyBackend, reports: list[StageReport]) -> None:
+    """Plain tensors, lists and dicts, so that `torch.load(path)` (weights only) reads them back."""
+    torch.save(
+        {
+            "world_size": backend.world_size,
+            "backend": backend.name,
+            "stages": {
+                r.stage: {
+                    "losses": r.losses,
+                    "master_weights": r.master_weights,
+                    "ledgers": [[asdict(e) for e in rank.entries] for rank in r.ledger.ranks],
+                }
+                for r in reports
+            },
+        },
+        path,
+    )
+
+
+def run(args: argparse.Namespace, env: TorchrunEnv, stages: list[int]) -> int:
+    try:
+        backend: TorchBackend | FaultyBackend = join_process_group(args.backend, args.timeout, env.local_rank)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    if env.rank == args.fail_rank:
+        backend = FaultyBackend(backend, args.fail_at_step, args.fail_mode)
+    model = preset(args.preset)
+    config = TrainConfig(model=model, precision=args.precision, seed=args.seed, zero1_grad_sync=args.zero1_grad_sync)
+    psi = count_parameters(model)
+    lead = env.rank == 0
+    if lead:
+        devices = "CPU" if backend.name == "gloo" else "one GPU each"
+        print(
+            f"ZeRO on {env.world_size} processes ({backend.name}, {devices}): {args.preset} GPT, Ψ = {psi:,} "
+            f"parameters, {args.precision}, {args.steps} step(s), micro-batch {model.micro_batch_size}x"
+            f"{model.block_size} per process",
+            flush=True,
+        )
+    total = len(stages) * args.steps
+    quiet = args.no_progress or not lead
+    with tqdm(total=total, desc="training", unit="step", disable=quiet, file=sys.stderr, leave=False) as bar:
+        reports = [train_stage(stage, config, args.steps, backend, bar if lead else None) for stage in stages]
+    if lead:
+        reference = next((r for r in reports if r.stage == 0), reports[0])
+        equivalences = [equivalence(reference, r) for r in reports]
+        print()
+        print(render(reports, equivalences, reference), flush=True)
+        if args.check_virtual:
+            print()
+            print(against_virtual(reports, config), flush=True)
+        if args.json:
+            compare_args = argparse.Namespace(**vars(args), world_size=env.world_size)
+            write_json(Path(args.json), compare_args, psi, reports, equivalences)
+            print(f"\nwrote {args.json}")
+        if args.save:
+            save_runs(Path(args.save), backend, reports)
+            print(f"\nwrote {args.save}")
+    return 0
+
+
+def against_virtual(reports: list[StageReport], config: TrainConfig) -> str:
+    """The same stages on as many virtual ranks: how far the real run's losses, weights and ledger are."""
+
+    def bytes_by_rank(report: StageReport) -> list[list[tuple]]:
+        return [[(e.op, e.tag, e.bytes_sent, e.bytes_received) for e in r.entries] for r in report.ledger.ranks]
+
+    rows = []
+    for real in reports:
+        virtual = run_stage(real.stage, real.world_size, real.steps, config)
+        same = equivalence(virtual, real)
+        ledgers_equal = bytes_by_rank(real) == bytes_by_rank(virtual)
+        rows.append(
+            [
+                f"ZeRO-{real.stage}",
+                f"{same.max_loss_delta:.1e}",
+                f"{same.max_master_delta:.1e}",
+                "yes" if same.bit_identical else "no",
+                "equal" if ledgers_equal else "DIFFERENT",
+            ]
+        )
+    headers = ["stage", "max |Δloss|", "max |Δmaster weight|", "bit-identical", "ledger bytes, rank by rank"]
+    return table(headers, rows, title=f"Against {reports[0].world_size} virtual ranks (same stage, data, steps)")
+
+
+def _stopped_by_torchrun(signum: int, frame: object) -> None:
+    """torchrun stops every rank with SIGTERM when one of them fails (or when it is interrupted itself)."""
+    rank = os.environ.get("RANK", "?")
+    sys.stderr.write(f"{PROG}: rank {rank}: stopped by SIGTERM (torchrun stops the others when a rank fails)\n")
+    os._exit(1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        env = torchrun_env(os.environ)
+        stages = check(args, env)
+    except UsageError as error:
+        sys.stderr.write(f"{PROG}: error: {error}\n")
+        return 2
+    signal.signal(signal.SIGTERM, _stopped_by_torchrun)
+    try:
+        return run(args, env, stages)
+    except UsageError as error:
+        sys.stderr.write(f"{PROG}: rank {env.rank}: error: {error}\n")
+        return 2
+    except CollectiveFailed as error:
+        message = str(error) if str(error).startswith("rank ") else f"rank {env.rank}: {error}"
+        sys.stderr.write(f"{PROG}: {message}\n")
+        return 1
+    finally:
+        if torch_dist.is_initialized():
+            torch_dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
