@@ -24,8 +24,14 @@ test: lint
 lab: $(STAMP)
 	$(VENV)/bin/jupyter lab lessons/
 
+grade: $(STAMP)
+	$(PY) -m autograder grade out/submitted --out out/grades.csv --feedback out/autograder-feedback
+
 bench: $(STAMP)
 	$(PY) benchmarks/bench_collectives.py
+	$(PY) benchmarks/bench_step.py
+	$(PY) benchmarks/bench_grading.py
+	$(PY) benchmarks/crosscheck_pytorch.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
