@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import math
+import threading
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -146,16 +147,27 @@ def parameter_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return [(name, module) for name, module in model.named_modules() if isinstance(module, PARAMETER_LAYERS)]
 
 
-@cache
-def _meta_model(config: GPTConfig) -> GPT:
-    """The model's structure without storage; built once, because initialising on "meta" is slow."""
-    with torch.device("meta"):
-        return GPT(config)
+_SKELETONS: dict[GPTConfig, GPT] = {}
+_SKELETONS_LOCK = threading.Lock()
+
+
+def _skeleton(config: GPTConfig) -> GPT:
+    """One model per configuration, built once per process, that `build_model` copies and re-initialises.
+
+    nn.Module constructors initialise their weights from torch's global RNG; `fork_rng` puts it back as it
+    was, and the lock keeps rank threads from building (and forking the RNG) at the same time. Building on
+    the "meta" device would avoid the RNG but imports torch's compiler stack, seconds on these machines.
+    """
+    with _SKELETONS_LOCK:
+        if config not in _SKELETONS:
+            with torch.random.fork_rng(devices=[]):
+                _SKELETONS[config] = GPT(config)
+        return _SKELETONS[config]
 
 
 def build_model(config: GPTConfig, seed: int = 0) -> GPT:
     """A GPT in fp32 with GPT-2 initialisation drawn from its own generator (same on every rank)."""
-    model = copy.deepcopy(_meta_model(config)).to_empty(device="cpu")
+    model = copy.deepcopy(_skeleton(config))
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for _, module in parameter_layers(model):
@@ -170,9 +182,8 @@ def build_model(config: GPTConfig, seed: int = 0) -> GPT:
 
 
 def count_parameters(config: GPTConfig) -> int:
-    """Ψ, the number of parameters (built on the meta device: no memory, no RNG)."""
-    with torch.device("meta"):
-        return sum(p.numel() for p in GPT(config).parameters())
+    """Ψ, the number of parameters."""
+    return sum(p.numel() for p in _skeleton(config).parameters())
 
 
 def micro_batch(config: GPTConfig, rank: int, step: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
