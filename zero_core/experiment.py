@@ -113,7 +113,7 @@ def _train_on_rank(
         if last:
             tracker.reset_peaks()
         started = time.perf_counter()
-        losses.append(trainer.train_step(step, measure))
+        losses.append(trainer.train_step(step, measure, count_activations=last))
         step_seconds.append(time.perf_counter() - started)
         if on_step is not None and trainer.rank == 0:
             on_step(step)

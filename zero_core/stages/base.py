@@ -161,15 +161,22 @@ class ZeroStage:
         self.publish_parameters()
         return True
 
-    def train_step(self, step: int, measure: Callable[[str], AbstractContextManager] = _unmeasured) -> float:
+    def train_step(
+        self,
+        step: int,
+        measure: Callable[[str], AbstractContextManager] = _unmeasured,
+        count_activations: bool = True,
+    ) -> float:
         """One full training step; returns this rank's (unscaled) micro-batch loss.
 
         Each phase runs inside `measure(phase_name)`, which an experiment uses to time and count it.
+        `count_activations` registers every tensor autograd saves with the memory tracker; it costs a
+        Python call per saved tensor, so an experiment counts them on the step it measures.
         """
         ctx = current()
         ctx.step = self.tracker.step = step
         inputs, targets = micro_batch(self.config.model, self.rank, step, self.config.seed)
-        with self.tracker.count_activations():
+        with self.tracker.count_activations() if count_activations else nullcontext():
             with phase("forward"), measure("forward"):
                 loss = loss_fn(self.model(inputs), targets)
             with phase("backward"), measure("backward"):
