@@ -58,7 +58,7 @@ def floor_step_seconds(config: TrainConfig, world_size: int, steps: int) -> floa
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--world-size", type=int, default=32)
-    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--preset", default="tiny")
     args = parser.parse_args()
     config = TrainConfig(model=preset(args.preset))
@@ -67,7 +67,7 @@ def main() -> None:
     worst = 0.0
     for stage in range(4):
         report = run_stage(stage, args.world_size, args.steps, config)
-        seconds = statistics.median(report.step_seconds[1:] if args.steps > 1 else report.step_seconds)
+        seconds = report.typical_step_seconds
         ratio = seconds / floor
         worst = max(worst, ratio)
         print(

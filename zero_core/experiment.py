@@ -9,6 +9,7 @@ time spent inside collectives.
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -60,6 +61,7 @@ class StageReport:
     collectives_by_op_per_step: dict[str, int]
     flops_per_step_mean: dict[str, float]
     step_seconds: list[float]
+    typical_step_seconds: float
     collective_seconds_per_step_mean: float
     master_weights: dict[str, torch.Tensor] = field(repr=False, default_factory=dict)
     ledger: CommLedger | None = field(repr=False, default=None)
@@ -129,6 +131,14 @@ def _train_on_rank(
         spans=spans,
         origin_s=origin,
     )
+
+
+def timed_steps(steps: int) -> list[int]:
+    """The steps whose times are typical: neither the first (warm-up) nor the last, which is instrumented
+    (FLOP counting and activation hooks slow it), when the run is long enough to leave any."""
+    if steps >= 3:
+        return list(range(1, steps - 1))
+    return [0]
 
 
 def assemble_master_weights(shards_per_rank: list[dict[str, tuple[int, torch.Tensor]]]) -> dict[str, torch.Tensor]:
@@ -230,7 +240,11 @@ def _report(
         collectives_by_op_per_step=rank0_last.by_op,
         flops_per_step_mean={p: sum(r.flops[p] for r in results) / n for p in PHASES},
         step_seconds=step_seconds,
-        collective_seconds_per_step_mean=sum(ledger.rank_summary(r, step=last).seconds for r in range(n)) / n,
+        typical_step_seconds=statistics.median(step_seconds[k] for k in timed_steps(steps)),
+        collective_seconds_per_step_mean=sum(
+            ledger.rank_summary(r, step=k).seconds for r in range(n) for k in timed_steps(steps)
+        )
+        / (n * len(timed_steps(steps))),
         master_weights=assemble_master_weights([r.master for r in results]),
         ledger=ledger,
         trackers=list(trackers),

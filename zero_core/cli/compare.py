@@ -171,12 +171,12 @@ def render(reports: list[StageReport], equivalences: list[Equivalence], referenc
                 f"{r.flops_per_step_mean['forward'] / 1e9:.3f}",
                 f"{r.flops_per_step_mean['backward'] / 1e9:.3f}",
                 f"{r.flops_per_step_mean['optimizer'] / 1e6:.2f}",
-                f"{r.step_seconds[-1]:.2f} s",
+                f"{r.typical_step_seconds:.2f} s",
                 f"{r.collective_seconds_per_step_mean:.2f} s",
             ]
             for r in reports
         ],
-        title="Compute per GPU per step (last step)",
+        title="Compute per GPU per step (FLOPs: last step; times: median of the steps between the first and the last)",
     )
     breakdown = table(
         [
