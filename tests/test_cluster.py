@@ -345,3 +345,41 @@ def test_256_ranks_complete_an_all_reduce():
     expected = torch.full((4,), float(sum(range(256))))
     assert len(results) == 256 and all(torch.equal(t, expected) for t in results)
     assert rank_threads() == []
+
+
+def test_at_most_max_running_ranks_run_their_own_code_at_once():
+    lock = threading.Lock()
+    state = {"now": 0, "most": 0}
+
+    def busy_between_collectives():
+        for _ in range(3):
+            with lock:
+                state["now"] += 1
+                state["most"] = max(state["most"], state["now"])
+            time.sleep(0.002)
+            with lock:
+                state["now"] -= 1
+            dist.barrier()
+
+    VirtualCluster(8, timeout_s=5.0, max_running=2).run(busy_between_collectives)
+    assert state["most"] == 2
+
+
+def test_max_running_must_be_positive():
+    with pytest.raises(ValueError, match="max_running"):
+        VirtualCluster(2, max_running=0)
+
+
+@pytest.mark.timeout(10)
+def test_a_rank_that_keeps_the_cpu_forever_gives_the_waiting_ranks_a_clear_error():
+    def rank_zero_spins():
+        if dist.get_rank() == 0:
+            spin_forever()
+        dist.barrier()
+
+    started = time.monotonic()
+    with pytest.raises(CollectiveTimeout, match="turn on the CPU") as error:
+        VirtualCluster(3, timeout_s=1.0, max_running=1).run(rank_zero_spins)
+    assert time.monotonic() - started < 5.0
+    assert "rank 0" in str(error.value)
+    assert not rank_threads()

@@ -14,11 +14,18 @@ The cluster never hangs on a mistake:
   every rank was doing;
 - after any failure, ranks still running are stopped (a Python-level loop is interrupted), and the
   cluster is ready for the next `run`.
+
+Ranks take turns on the CPU: at most `max_running` of them (by default, one per core) run their own
+code at a time, and a rank gives up its slot while it waits in a collective. Thirty-two threads all
+runnable at once would mostly trade Python's global interpreter lock back and forth between tiny tensor
+operations; with one runnable rank per core they compute as fast as the cores allow. What each rank
+computes, and the order of every reduction, is the same either way.
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -122,7 +129,13 @@ class VirtualCluster:
     """N virtual GPUs in one process. `run(fn, *args)` runs `fn` on every rank and returns the results."""
 
     def __init__(
-        self, world_size: int, timeout_s: float = 30.0, *, seed: int = 0, record_timeline: bool = True
+        self,
+        world_size: int,
+        timeout_s: float = 30.0,
+        *,
+        seed: int = 0,
+        record_timeline: bool = True,
+        max_running: int | None = None,
     ) -> None:
         if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
             raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
@@ -132,7 +145,10 @@ class VirtualCluster:
             )
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+        if max_running is not None and max_running < 1:
+            raise ValueError(f"max_running must be at least 1, got {max_running}")
         self.world_size = world_size
+        self.max_running = max_running or len(os.sched_getaffinity(0))
         self.timeout_s = timeout_s
         self.seed = seed
         self.record_timeline = record_timeline
@@ -152,6 +168,8 @@ class VirtualCluster:
         self._results: list[Any] = [None] * n
         self._failure: tuple[int, BaseException] | None = None
         self._running = n
+        self._cpu_slots = threading.Semaphore(self.max_running)
+        self._has_slot = [False] * n
 
     def run(self, fn: Callable[..., Any], *args: Any, deadline_s: float | None = None, **kwargs: Any) -> list[Any]:
         """Run `fn(*args, **kwargs)` once on every rank, each in its own thread; results in rank order.
@@ -202,8 +220,7 @@ class VirtualCluster:
             tracker=self.trackers[rank],
         )
         try:
-            with self._cond:
-                self._status[rank] = "running"
+            self._take_slot(rank)
             with activate(ctx):
                 self._results[rank] = fn(*args, **kwargs)
             with self._cond:
@@ -216,6 +233,7 @@ class VirtualCluster:
                 self._status[rank] = f"raised {type(error).__name__}"
                 self._fail(rank, error)
         finally:
+            self._give_slot(rank)
             with self._cond:
                 self._finished[rank] = True
                 self._finished_count += 1
@@ -269,8 +287,37 @@ class VirtualCluster:
     def exchange(self, rank: int, call: CollectiveCall, payload: Any, combine: Callable[[list[Any]], Any]) -> Any:
         """Meet the other ranks in `call`; the last to arrive runs `combine(payloads in rank order)` once.
 
-        Every rank gets the same result object back and must treat it as read-only.
+        Every rank gets the same result object back and must treat it as read-only. The rank gives up
+        its turn on the CPU while it waits, and takes one again before it goes on.
         """
+        self._give_slot(rank)
+        result = self._meet(rank, call, payload, combine)
+        self._take_slot(rank)
+        return result
+
+    def _take_slot(self, rank: int) -> None:
+        """Wait for a turn on the CPU (see the module docstring), bounded by the timeout like a collective."""
+        self._status[rank] = "waiting for a turn on the CPU"
+        deadline = time.monotonic() + self.timeout_s
+        while not self._cpu_slots.acquire(timeout=0.05):
+            if self._failure is not None:
+                raise RankAborted()
+            if time.monotonic() > deadline:
+                with self._cond:
+                    raise CollectiveTimeout(
+                        f"rank {rank} waited {self.timeout_s} s for a turn on the CPU: the ranks running their own "
+                        f"code ({self.max_running} at a time) never reached a collective. What each rank was "
+                        f"doing:\n{self.describe_ranks()}"
+                    )
+        self._has_slot[rank] = True
+        self._status[rank] = "running"
+
+    def _give_slot(self, rank: int) -> None:
+        if self._has_slot[rank]:
+            self._has_slot[rank] = False
+            self._cpu_slots.release()
+
+    def _meet(self, rank: int, call: CollectiveCall, payload: Any, combine: Callable[[list[Any]], Any]) -> Any:
         with self._cond:
             self._raise_if_failed()
             seq = self._next_seq[rank]
