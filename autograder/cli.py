@@ -42,12 +42,21 @@ def _limits(args: argparse.Namespace) -> Limits:
 
 def _add_limits(parser: argparse.ArgumentParser) -> None:
     defaults = Limits()
-    parser.add_argument("--time-limit", type=float, default=defaults.time_s,
-                        help=f"seconds per notebook (default {defaults.time_s:g})")
-    parser.add_argument("--check-time-limit", type=float, default=defaults.check_time_s,
-                        help=f"seconds per check (default {defaults.check_time_s:g})")
-    parser.add_argument("--memory-limit-mb", type=int, default=defaults.memory_bytes // MiB,
-                        help=f"address space per notebook, MiB (default {defaults.memory_bytes // MiB})")
+    parser.add_argument(
+        "--time-limit", type=float, default=defaults.time_s, help=f"seconds per notebook (default {defaults.time_s:g})"
+    )
+    parser.add_argument(
+        "--check-time-limit",
+        type=float,
+        default=defaults.check_time_s,
+        help=f"seconds per check (default {defaults.check_time_s:g})",
+    )
+    parser.add_argument(
+        "--memory-limit-mb",
+        type=int,
+        default=defaults.memory_bytes // MiB,
+        help=f"address space per notebook, MiB (default {defaults.memory_bytes // MiB})",
+    )
 
 
 def run_check_command(args: argparse.Namespace) -> int:

@@ -23,8 +23,14 @@ from zero_core.context import current
 
 ASSIGNMENT = "ex01_collectives"
 FORBIDDEN = REFERENCE_MODULES + ("zero_core.comm",)
-CASES = (((8,), torch.float32), ((10,), torch.float32), ((3, 5), torch.float32), ((1,), torch.float32),
-         ((33,), torch.bfloat16), ((2, 2, 7), torch.bfloat16))
+CASES = (
+    ((8,), torch.float32),
+    ((10,), torch.float32),
+    ((3, 5), torch.float32),
+    ((1,), torch.float32),
+    ((33,), torch.bfloat16),
+    ((2, 2, 7), torch.bfloat16),
+)
 """(shape, dtype) of the tensors all-reduced; most sizes do not divide by most N, so padding is needed."""
 VISIBLE_WORLD_SIZES = [2, 4]
 HIDDEN_WORLD_SIZES = [3, 5, 7]
@@ -168,12 +174,19 @@ def check_ring_bytes(ring_bytes_sent: Callable, world_sizes: list[int]) -> str:
 CHECKS = (
     Check("test_all_reduce", 2, check_all_reduce, ALL_REDUCE, {"world_sizes": VISIBLE_WORLD_SIZES}),
     Check(
-        "test_all_reduce_collectives", 2, check_all_reduce_collectives, ALL_REDUCE,
+        "test_all_reduce_collectives",
+        2,
+        check_all_reduce_collectives,
+        ALL_REDUCE,
         {"world_sizes": VISIBLE_WORLD_SIZES},
     ),
     Check(
-        "test_hidden_all_reduce", 2, check_all_reduce_values_and_collectives, ALL_REDUCE,
-        {"world_sizes": HIDDEN_WORLD_SIZES}, hidden=True,
+        "test_hidden_all_reduce",
+        2,
+        check_all_reduce_values_and_collectives,
+        ALL_REDUCE,
+        {"world_sizes": HIDDEN_WORLD_SIZES},
+        hidden=True,
     ),
     Check("test_ring_bytes", 2, check_ring_bytes, RING_BYTES, {"world_sizes": VISIBLE_WORLD_SIZES}),
     Check("test_hidden_ring_bytes", 2, check_ring_bytes, RING_BYTES, {"world_sizes": [1, 3, 5, 7, 64]}, hidden=True),

@@ -16,9 +16,9 @@ from pathlib import Path
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from autograder.checks import Check, CheckFailed, notebook_check
+from autograder.checks import CheckFailed, notebook_check
 from autograder.harness import Recording, Run
-from autograder.stage_checks import HIDDEN_WORLD_SIZES, VISIBLE_WORLD_SIZES, StageExercise
+from autograder.stage_checks import StageExercise, stage_exercise_checks
 from zero_core import cluster, dist
 from zero_core.stages import Zero1
 
@@ -131,17 +131,4 @@ def check_memory_and_communication(zero1_step: Callable[..., None], world_sizes:
 
 
 NAMES = ("zero1_step",)
-CHECKS = (
-    Check("test_training", 2, check_training, NAMES, {"world_sizes": VISIBLE_WORLD_SIZES}),
-    Check("test_memory", 2, check_memory, NAMES, {"world_sizes": VISIBLE_WORLD_SIZES}),
-    Check("test_communication", 2, check_communication, NAMES, {"world_sizes": VISIBLE_WORLD_SIZES}),
-    Check("test_hidden_training", 2, check_training, NAMES, {"world_sizes": HIDDEN_WORLD_SIZES}, hidden=True),
-    Check(
-        "test_hidden_memory_communication",
-        2,
-        check_memory_and_communication,
-        NAMES,
-        {"world_sizes": HIDDEN_WORLD_SIZES},
-        hidden=True,
-    ),
-)
+CHECKS = stage_exercise_checks(NAMES, check_training, check_memory, check_communication, check_memory_and_communication)

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import torch.nn as nn
 
-from autograder.checks import Check, notebook_check
+from autograder.checks import notebook_check
 from autograder.ex03 import gradient_memory_rules
 from autograder.harness import Run, graded_stage
-from autograder.stage_checks import HIDDEN_WORLD_SIZES, VISIBLE_WORLD_SIZES, StageExercise
+from autograder.stage_checks import StageExercise, stage_exercise_checks
 from autograder.verdicts import check_released, compare_peaks, compare_registrations
 from zero_core import memory
 from zero_core.stages import Zero3
@@ -80,17 +80,4 @@ def check_memory_and_communication(GatherLinear: type, GatherEmbedding: type, wo
 
 
 NAMES = ("GatherLinear", "GatherEmbedding")
-CHECKS = (
-    Check("test_training", 2, check_training, NAMES, {"world_sizes": VISIBLE_WORLD_SIZES}),
-    Check("test_memory", 2, check_memory, NAMES, {"world_sizes": VISIBLE_WORLD_SIZES}),
-    Check("test_communication", 2, check_communication, NAMES, {"world_sizes": VISIBLE_WORLD_SIZES}),
-    Check("test_hidden_training", 2, check_training, NAMES, {"world_sizes": HIDDEN_WORLD_SIZES}, hidden=True),
-    Check(
-        "test_hidden_memory_communication",
-        2,
-        check_memory_and_communication,
-        NAMES,
-        {"world_sizes": HIDDEN_WORLD_SIZES},
-        hidden=True,
-    ),
-)
+CHECKS = stage_exercise_checks(NAMES, check_training, check_memory, check_communication, check_memory_and_communication)

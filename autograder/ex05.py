@@ -61,23 +61,39 @@ def _model_state_bytes(model_state_bytes: Callable, psis: list[float], world_siz
     return count
 
 
-def _largest_and_fewest(largest_model: Callable, fewest_gpus: Callable, psis: list[float],
-                        world_sizes: list[int]) -> int:
+def _largest_and_fewest(
+    largest_model: Callable, fewest_gpus: Callable, psis: list[float], world_sizes: list[int]
+) -> int:
     count = 0
     for stage in formulas.STAGES:
         for n in world_sizes:
             for memory_gb in (16, 32, 80):
                 expected = formulas.largest_model_params(memory_gb * GB, n, stage)
                 why = f"the Ψ with {MEMORY_FORMULAS[stage]} = {memory_gb} GB (ZeRO Table 2)"
-                _expect(largest_model, "largest_model", expected, why, stage=stage, n_gpus=n,
-                        gpu_memory_bytes=memory_gb * GB)
+                _expect(
+                    largest_model,
+                    "largest_model",
+                    expected,
+                    why,
+                    stage=stage,
+                    n_gpus=n,
+                    gpu_memory_bytes=memory_gb * GB,
+                )
                 count += 1
         for psi in psis:
             for memory_gb in (16, 32, 80):
                 expected = formulas.plan(psi, memory_gb * GB, tuple(POWERS_OF_TWO))[stage]
                 why = "the first count in gpu_counts whose per-GPU model states fit, or None"
-                _expect(fewest_gpus, "fewest_gpus", expected, why, stage=stage, psi=psi,
-                        gpu_memory_bytes=memory_gb * GB, gpu_counts=POWERS_OF_TWO)
+                _expect(
+                    fewest_gpus,
+                    "fewest_gpus",
+                    expected,
+                    why,
+                    stage=stage,
+                    psi=psi,
+                    gpu_memory_bytes=memory_gb * GB,
+                    gpu_counts=POWERS_OF_TWO,
+                )
                 count += 1
     return count
 
@@ -89,8 +105,7 @@ def _comm_elements(comm_elements_per_step: Callable, psis: list[float], world_si
             for n in world_sizes:
                 expected = formulas.comm_elements(stage, psi, n)
                 why = f"{COMM_FORMULAS[stage]} on a ring (ZeRO §7: 2Ψ for stages 0-2, 3Ψ for stage 3)"
-                _expect(comm_elements_per_step, "comm_elements_per_step", expected, why, stage=stage, psi=psi,
-                        n_gpus=n)
+                _expect(comm_elements_per_step, "comm_elements_per_step", expected, why, stage=stage, psi=psi, n_gpus=n)
                 count += 1
     return count
 
@@ -103,8 +118,9 @@ def check_model_state_bytes(model_state_bytes: Callable, psis: list[float], worl
 
 
 @notebook_check
-def check_largest_model_and_fewest_gpus(largest_model: Callable, fewest_gpus: Callable, psis: list[float],
-                                        world_sizes: list[int]) -> str:
+def check_largest_model_and_fewest_gpus(
+    largest_model: Callable, fewest_gpus: Callable, psis: list[float], world_sizes: list[int]
+) -> str:
     _integrity({"largest_model": largest_model, "fewest_gpus": fewest_gpus})
     count = _largest_and_fewest(largest_model, fewest_gpus, psis, world_sizes)
     return f"{count} cases: Table 2's largest models and the fewest GPUs that fit"
@@ -118,10 +134,22 @@ def check_comm_elements(comm_elements_per_step: Callable, psis: list[float], wor
 
 
 @notebook_check
-def check_all_formulas(model_state_bytes: Callable, largest_model: Callable, fewest_gpus: Callable,
-                       comm_elements_per_step: Callable, psis: list[float], world_sizes: list[int]) -> str:
-    _integrity({"model_state_bytes": model_state_bytes, "largest_model": largest_model, "fewest_gpus": fewest_gpus,
-                "comm_elements_per_step": comm_elements_per_step})
+def check_all_formulas(
+    model_state_bytes: Callable,
+    largest_model: Callable,
+    fewest_gpus: Callable,
+    comm_elements_per_step: Callable,
+    psis: list[float],
+    world_sizes: list[int],
+) -> str:
+    _integrity(
+        {
+            "model_state_bytes": model_state_bytes,
+            "largest_model": largest_model,
+            "fewest_gpus": fewest_gpus,
+            "comm_elements_per_step": comm_elements_per_step,
+        }
+    )
     count = _model_state_bytes(model_state_bytes, psis, world_sizes)
     count += _largest_and_fewest(largest_model, fewest_gpus, psis, world_sizes)
     count += _comm_elements(comm_elements_per_step, psis, world_sizes)
@@ -162,8 +190,11 @@ def check_answers(q1_gb_per_gpu: float, q2_stage: int, q2_gpus: int, q3_gpus: in
 CHECKS = (
     Check("test_model_state_bytes", 2, check_model_state_bytes, ("model_state_bytes",), VISIBLE),
     Check(
-        "test_largest_model_and_fewest_gpus", 2, check_largest_model_and_fewest_gpus,
-        ("largest_model", "fewest_gpus"), VISIBLE,
+        "test_largest_model_and_fewest_gpus",
+        2,
+        check_largest_model_and_fewest_gpus,
+        ("largest_model", "fewest_gpus"),
+        VISIBLE,
     ),
     Check("test_comm_elements", 2, check_comm_elements, ("comm_elements_per_step",), VISIBLE),
     Check("test_hidden_formulas", 2, check_all_formulas, FUNCTIONS, HIDDEN, hidden=True),

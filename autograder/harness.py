@@ -186,8 +186,9 @@ def run_once(key: Hashable, student: tuple, make: Callable[[], T], what: str) ->
     """
     if key not in _RUNS:
         if student in _HUNG:
-            raise CheckFailed(f"{what}: not run, because an earlier run of the same code did not finish:\n"
-                              f"{_HUNG[student]}")
+            raise CheckFailed(
+                f"{what}: not run, because an earlier run of the same code did not finish:\n{_HUNG[student]}"
+            )
         try:
             outcome: Any = make()
         except CheckFailed:

@@ -83,11 +83,26 @@ def grade_notebook(path: Path, assignment: str | None = None, limits: Limits = L
         results_file, stdout_file, stderr_file = (Path(tmp) / name for name in ("results.jsonl", "stdout", "stderr"))
         env = dict(os.environ, **CHILD_ENVIRONMENT)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-        command = [sys.executable, "-m", "autograder.sandbox", str(path), assignment, str(results_file),
-                   str(limits.memory_bytes), str(limits.check_time_s)]
+        command = [
+            sys.executable,
+            "-m",
+            "autograder.sandbox",
+            str(path),
+            assignment,
+            str(results_file),
+            str(limits.memory_bytes),
+            str(limits.check_time_s),
+        ]
         with stdout_file.open("wb") as out, stderr_file.open("wb") as err:
-            child = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=err, cwd=path.parent,
-                                     env=env, start_new_session=True)
+            child = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                cwd=path.parent,
+                env=env,
+                start_new_session=True,
+            )
             timed_out = False
             try:
                 child.wait(timeout=limits.time_s)

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from autograder.checks import Check
 from autograder.harness import STEPS, Run, graded_stage, run_once, train
 from autograder.integrity import REFERENCE_MODULES, require_own_code
 from autograder.verdicts import compare_collectives, compare_training
@@ -18,6 +19,27 @@ from zero_core.stages import ZeroStage
 
 VISIBLE_WORLD_SIZES = [2, 4]
 HIDDEN_WORLD_SIZES = [3, 5, 7]
+
+
+def stage_exercise_checks(
+    names: tuple[str, ...],
+    training: Callable[..., str],
+    memory: Callable[..., str],
+    communication: Callable[..., str],
+    memory_and_communication: Callable[..., str],
+) -> tuple[Check, ...]:
+    """The five checks of every stage exercise, 2 points each: three visible on 2 and 4 ranks, two hidden
+    on 3, 5 and 7 ranks (where the layers need padding)."""
+    visible, hidden = {"world_sizes": VISIBLE_WORLD_SIZES}, {"world_sizes": HIDDEN_WORLD_SIZES}
+    return (
+        Check("test_training", 2, training, names, visible),
+        Check("test_memory", 2, memory, names, visible),
+        Check("test_communication", 2, communication, names, visible),
+        Check("test_hidden_training", 2, training, names, hidden, hidden=True),
+        Check("test_hidden_memory_communication", 2, memory_and_communication, names, hidden, hidden=True),
+    )
+
+
 """The hidden tests' N do not divide the micro model's layers (64-element LayerNorms): padding is needed."""
 
 

@@ -136,8 +136,11 @@ def check_no_stray_gradients(run: Run, what: str) -> None:
 
 def registrations(run: Run, rank: int, category: str, step: int) -> list[int]:
     """Sizes (bytes, padding excluded) of the buffers registered under `category` during `step`."""
-    return sorted(e.delta_bytes for e in run.trackers[rank].timeline if e.category == category and e.delta_bytes > 0
-                  and e.step == step)
+    return sorted(
+        e.delta_bytes
+        for e in run.trackers[rank].timeline
+        if e.category == category and e.delta_bytes > 0 and e.step == step
+    )
 
 
 def held_between_phases(run: Run, rank: int, category: str) -> list[tuple[int, str, int]]:
