@@ -30,14 +30,13 @@ GATHER = "gather.fp16"
 GRAD_BUCKET = "grad.bucket"
 ACTIVATIONS = "activations"
 PADDING = "padding"
-COMM_BUFFER = "comm.buffer"
 
 MODEL_STATES = (PARAM, GRAD, MASTER, ADAM_M, ADAM_V)
 """The paper's model states (ZeRO §3.1). "fp16" names the low-precision training copy (bf16 or fp32 too)."""
 
-TRANSIENTS = (GATHER, GRAD_BUCKET, COMM_BUFFER)
-"""Buffers that live for one layer or one collective: ZeRO-3's gathered parameters, ZeRO-2's per-layer
-gradient before its reduce-scatter, scratch space of collectives."""
+TRANSIENTS = (GATHER, GRAD_BUCKET)
+"""Buffers that live for one layer: ZeRO-3's gathered parameters, ZeRO-2/3's per-layer gradient bucket
+before its reduce-scatter."""
 
 CATEGORIES = MODEL_STATES + TRANSIENTS + (ACTIVATIONS, PADDING)
 
