@@ -23,8 +23,8 @@ if TYPE_CHECKING:
     from zero_core.experiment import StageReport
 
 STATE_LABELS = {
-    memory.PARAM: "param (fp16)",
-    memory.GRAD: "grad (fp16)",
+    memory.PARAM: "param ({precision})",
+    memory.GRAD: "grad ({precision})",
     memory.MASTER: "master (fp32)",
     memory.ADAM_M: "adam m (fp32)",
     memory.ADAM_V: "adam v (fp32)",
@@ -85,6 +85,7 @@ def memory_bars(reports: Sequence[StageReport]) -> Figure:
             / scale
             for r in reports
         ]
+        label = label.format(precision=reports[0].precision)
         ax.bar(x, values, bottom=bottoms, color=STATE_COLORS[category], label=label, width=0.6)
         bottoms = [b + v for b, v in zip(bottoms, values, strict=True)]
     activations = [r.activation_peak_bytes_max / scale for r in reports]
