@@ -75,7 +75,9 @@ class StageReport:
 
 
 @dataclass
-class _RankResult:
+class RankResult:
+    """What one rank measured about itself during `train_on_rank`, before its buffers were freed."""
+
     losses: list[float]
     master: dict[str, tuple[int, torch.Tensor]]
     step_seconds: list[float]
@@ -88,9 +90,14 @@ class _RankResult:
     origin_s: float
 
 
-def _train_on_rank(
+def train_on_rank(
     config: TrainConfig, stage: int, steps: int, functions: dict | None, on_step: Callable[[int], None] | None
-) -> _RankResult:
+) -> RankResult:
+    """Train `stage` on the calling rank for `steps` steps, timing every phase and instrumenting the last.
+
+    The last step counts FLOPs per phase and the activations autograd saves; its memory peaks are the
+    report's. Runs the same on a virtual-cluster thread and in a torchrun process.
+    """
     trainer = STAGES[stage](config, functions=functions)
     tracker = current().tracker
     flops: dict[str, int] = dict.fromkeys(PHASES, 0)
@@ -119,7 +126,7 @@ def _train_on_rank(
         step_seconds.append(time.perf_counter() - started)
         if on_step is not None and trainer.rank == 0:
             on_step(step)
-    return _RankResult(
+    return RankResult(
         losses=losses,
         master=trainer.master_shards(),
         step_seconds=step_seconds,
@@ -174,20 +181,20 @@ def run_stage(
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        results: list[_RankResult] = cluster.run(_train_on_rank, config, stage, steps, functions, on_step)
+        results: list[RankResult] = cluster.run(train_on_rank, config, stage, steps, functions, on_step)
     finally:
         torch.set_num_threads(threads)
-    return _report(stage, world_size, steps, config, cluster.ledger, cluster.trackers, results)
+    return build_report(stage, world_size, steps, config, cluster.ledger, cluster.trackers, results)
 
 
-def _report(
+def build_report(
     stage: int,
     n: int,
     steps: int,
     config: TrainConfig,
     ledger: CommLedger,
     trackers: Sequence[memory.MemoryTracker],
-    results: list[_RankResult],
+    results: list[RankResult],
 ) -> StageReport:
     """The report of one run from what each rank measured, wherever the ranks ran.
 

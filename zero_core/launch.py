@@ -6,7 +6,7 @@ One process per rank, gloo on CPU (NCCL when every rank has its own CUDA device)
 with the stage code the virtual cluster runs, through `zero_core.dist` on a `TorchBackend`, so its
 ledger and memory tracker count exactly as a virtual rank's do. Rank 0 gathers every rank's
 measurements (with `torch.distributed.gather_object`, outside the ledger), builds the `StageReport`
-with the virtual run's own code (`experiment._report`), and prints the same tables as
+with the virtual run's own code (`experiment.build_report`), and prints the same tables as
 `python -m zero_core compare`; `--json` writes the same schema.
 
 Failures end in one line per rank, never a hang: bad arguments, no torchrun environment, or a world size
@@ -41,7 +41,7 @@ from zero_core.cli.render import table
 from zero_core.cluster import MAX_WORLD_SIZE
 from zero_core.comm import CommLedger
 from zero_core.context import activate
-from zero_core.experiment import StageReport, _report, _train_on_rank, equivalence, run_stage
+from zero_core.experiment import StageReport, build_report, equivalence, run_stage, train_on_rank
 from zero_core.memory import MemoryEvent, MemoryTracker
 from zero_core.model import PRESETS, count_parameters, preset
 from zero_core.stages import TrainConfig
@@ -161,7 +161,7 @@ def train_stage(
     """Train `stage` on this rank; rank 0 gathers every rank's measurements and returns the report."""
     ctx = process_context(backend, seed=config.seed)
     with activate(ctx):
-        result = _train_on_rank(config, stage, steps, None, None if bar is None else lambda step: bar.update())
+        result = train_on_rank(config, stage, steps, None, None if bar is None else lambda step: bar.update())
     mine = (result, ctx.ledger, TrackerSnapshot.of(ctx.tracker))
     gathered = [None] * backend.world_size if backend.rank == 0 else None
     try:
@@ -176,7 +176,7 @@ def train_stage(
     ledger = CommLedger(backend.world_size)
     ledger.ranks = [ranks_ledger for _, ranks_ledger, _ in gathered]
     results = [ranks_result for ranks_result, _, _ in gathered]
-    return _report(stage, backend.world_size, steps, config, ledger, [t for _, _, t in gathered], results)
+    return build_report(stage, backend.world_size, steps, config, ledger, [t for _, _, t in gathered], results)
 
 
 def save_runs(path: Path, backend: TorchBackend | FaultyBackend, reports: list[StageReport]) -> None:
