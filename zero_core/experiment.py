@@ -84,7 +84,7 @@ class RankResult:
     flops: dict[str, int]
     skipped_steps: int
     psi: int
-    padded_numels: list[int]
+    communicated_numels: list[int]
     held_bytes_by_category: dict[str, int]
     spans: list[tuple[int, str, float, float]]
     origin_s: float
@@ -133,7 +133,7 @@ def train_on_rank(
         flops=flops,
         skipped_steps=trainer.scaler.skipped_steps,
         psi=trainer.psi,
-        padded_numels=[layer.partition.padded_numel for layer in trainer.layers],
+        communicated_numels=[trainer.communicated_numel(layer) for layer in trainer.layers],
         held_bytes_by_category=tracker.current_by_category(),
         spans=spans,
         origin_s=origin,
@@ -202,7 +202,7 @@ def build_report(
     its read side (`peak_bytes`, `timeline`) gathered from another process (`zero_core.launch`).
     """
     psi = results[0].psi
-    padded_psi = sum(results[0].padded_numels)
+    communicated_psi = sum(results[0].communicated_numels)
     element_bytes = {"fp16": 2, "bf16": 2, "fp32": 4}[config.precision]
     by_category = [r.held_bytes_by_category for r in results]
     state_bytes = [sum(c[k] for k in memory.MODEL_STATES) for c in by_category]
@@ -213,10 +213,8 @@ def build_report(
     rank0_last = ledger.rank_summary(0, step=last)
     comm_formula = formulas.comm_elements(stage, psi, n, exact=True, zero1_grad_sync=config.zero1_grad_sync)
     comm_formula_padded = formulas.comm_elements(
-        stage, padded_psi, n, exact=True, zero1_grad_sync=config.zero1_grad_sync
+        stage, communicated_psi, n, exact=True, zero1_grad_sync=config.zero1_grad_sync
     )
-    if stage == 0:
-        comm_formula_padded = comm_formula
     step_seconds = [max(r.step_seconds[k] for r in results) for k in range(steps)]
     return StageReport(
         stage=stage,

@@ -73,6 +73,8 @@ class ZeroStage:
 
     stage: int = -1
     partitions_optimizer_states = True
+    pads_buffers = True
+    """Whether the communicated buffers are padded to a multiple of N (reduce-scatter and all-gather need it)."""
     FUNCTIONS: dict[type[nn.Module], type[torch.autograd.Function]] = {}
     """The autograd Function each kind of parameter layer runs through (ZeRO-2/3; plain autograd otherwise)."""
 
@@ -109,6 +111,10 @@ class ZeroStage:
     def psi(self) -> int:
         """Ψ, the model's parameter count."""
         return sum(layer.numel for layer in self.layers)
+
+    def communicated_numel(self, layer: Layer) -> int:
+        """Elements of the layer's buffers that go through collectives: padded unless the stage needs no padding."""
+        return layer.partition.padded_numel if self.pads_buffers else layer.numel
 
     def master_range(self, layer: Layer) -> tuple[int, int]:
         """[start, end) of the layer's flat parameters whose fp32 master this rank keeps and updates."""
@@ -193,27 +199,27 @@ class ZeroStage:
 
     # -- helpers the stages share --------------------------------------------------------------------
 
-    def new_buffer(self, values: torch.Tensor, category: str, layer: Layer, *, padded: bool = True) -> torch.Tensor:
+    def new_buffer(self, values: torch.Tensor, category: str, layer: Layer) -> torch.Tensor:
         """A new flat low-precision buffer holding `values`, registered under `category`.
 
-        `padded` buffers get zeros up to a multiple of N, as reduce-scatter and all-gather need; the
-        tracker counts those zeros as padding, not as model state.
+        If the stage `pads_buffers`, zeros follow up to a multiple of N, as reduce-scatter and all-gather
+        need; the tracker counts those zeros as padding, not as model state.
         """
-        if not padded:
+        if not self.pads_buffers:
             return self.tracker.register(values.to(self.dtype, copy=True), category, label=layer.name)
         flat = layer.partition.pad(values.to(self.dtype))
         return self.tracker.register(flat, category, padding_elements=layer.partition.padding, label=layer.name)
 
     def replicate_parameters_and_gradients(
-        self, layer: Layer, initial: torch.Tensor, *, padded: bool
+        self, layer: Layer, initial: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """ZeRO-0/1: a full flat fp16 parameter buffer and gradient buffer for the layer, on every rank.
 
         The layer's own parameters become views of the parameter buffer and their `.grad`s views of the
         gradient buffer, so plain autograd accumulates straight into the buffer the stage communicates.
         """
-        flat_param = self.new_buffer(initial, memory.PARAM, layer, padded=padded)
-        flat_grad = self.new_buffer(torch.zeros(layer.numel), memory.GRAD, layer, padded=padded)
+        flat_param = self.new_buffer(initial, memory.PARAM, layer)
+        flat_grad = self.new_buffer(torch.zeros(layer.numel), memory.GRAD, layer)
         names = [name for name, _ in layer.module.named_parameters(recurse=False)]
         for name, param_view, grad_view in zip(
             names, unflatten(flat_param, layer.shapes), unflatten(flat_grad, layer.shapes), strict=True

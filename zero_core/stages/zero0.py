@@ -22,13 +22,14 @@ from zero_core.stages.base import Layer, ZeroStage
 class Zero0(ZeroStage):
     stage = 0
     partitions_optimizer_states = False
+    pads_buffers = False
 
     def setup(self, model: nn.Module, initial: dict[str, torch.Tensor]) -> None:
         self.params: dict[str, torch.Tensor] = {}
         self.grads: dict[str, torch.Tensor] = {}
         for layer in self.layers:
             self.params[layer.name], self.grads[layer.name] = self.replicate_parameters_and_gradients(
-                layer, initial[layer.name], padded=False
+                layer, initial[layer.name]
             )
 
     def sync_gradients(self) -> None:

@@ -29,7 +29,7 @@ class Zero1(ZeroStage):
         self.grads: dict[str, torch.Tensor] = {}
         for layer in self.layers:
             self.params[layer.name], self.grads[layer.name] = self.replicate_parameters_and_gradients(
-                layer, initial[layer.name], padded=True
+                layer, initial[layer.name]
             )
 
     def sync_gradients(self) -> None:
