@@ -28,6 +28,7 @@ import ctypes
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -119,14 +120,22 @@ class _Rendezvous:
         self.calls: list[CollectiveCall | None] = [None] * world_size
         self.payloads: list[Any] = [None] * world_size
         self.arrived = 0
-        self.departed = 0
         self.first_rank = -1
         self.done = False
+        self.done_at = 0.0
         self.result: Any = None
 
 
 class VirtualCluster:
-    """N virtual GPUs in one process. `run(fn, *args)` runs `fn` on every rank and returns the results."""
+    """N virtual GPUs in one process. `run(fn, *args)` runs `fn` on every rank and returns the results.
+
+    How the ranks take turns: a rank runs only while it holds one of `max_running` CPU slots. A rank
+    that must wait (for a slot, or for the other ranks in a collective) parks on its own lock, and is
+    woken by exactly the rank that hands it a slot; ranks that become runnable queue for slots first
+    come, first served. So no more than `max_running` + 1 threads ever compete for the interpreter,
+    however many ranks wait, and a collective's completion wakes ranks one slot at a time rather than
+    all at once.
+    """
 
     def __init__(
         self,
@@ -152,7 +161,7 @@ class VirtualCluster:
         self.timeout_s = timeout_s
         self.seed = seed
         self.record_timeline = record_timeline
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
         self._reset()
 
     def _reset(self) -> None:
@@ -163,13 +172,18 @@ class VirtualCluster:
         self._next_seq = [0] * n
         self._waiting: list[CollectiveCall | None] = [None] * n
         self._finished = [False] * n
-        self._finished_count = 0
         self._status = ["starting"] * n
         self._results: list[Any] = [None] * n
         self._failure: tuple[int, BaseException] | None = None
         self._running = n
-        self._cpu_slots = threading.Semaphore(self.max_running)
+        self._all_done = threading.Event()
+        self._free_slots = self.max_running
+        self._ready: deque[int] = deque()
         self._has_slot = [False] * n
+        self._parked = [False] * n
+        self._wakeups = [threading.Lock() for _ in range(n)]
+        for wakeup in self._wakeups:
+            wakeup.acquire()
 
     def run(self, fn: Callable[..., Any], *args: Any, deadline_s: float | None = None, **kwargs: Any) -> list[Any]:
         """Run `fn(*args, **kwargs)` once on every rank, each in its own thread; results in rank order.
@@ -184,19 +198,14 @@ class VirtualCluster:
         ]
         for thread in threads:
             thread.start()
-        end = None if deadline_s is None else time.monotonic() + deadline_s
         try:
-            with self._cond:
-                while self._running and self._failure is None:
-                    remaining = None if end is None else end - time.monotonic()
-                    if remaining is not None and remaining <= 0:
-                        self._fail(
-                            -1, RunTimeout(f"the run exceeded its deadline of {deadline_s} s.\n{self.describe_ranks()}")
-                        )
-                        break
-                    self._cond.wait(remaining)
+            if not self._all_done.wait(deadline_s):
+                with self._lock:
+                    self._fail(
+                        -1, RunTimeout(f"the run exceeded its deadline of {deadline_s} s.\n{self.describe_ranks()}")
+                    )
         except BaseException as interrupt:
-            with self._cond:
+            with self._lock:
                 self._fail(-1, interrupt)
         if self._failure is not None:
             self._stop(threads)
@@ -223,29 +232,32 @@ class VirtualCluster:
             self._take_slot(rank)
             with activate(ctx):
                 self._results[rank] = fn(*args, **kwargs)
-            with self._cond:
-                self._status[rank] = "finished"
+            self._status[rank] = "finished"
         except RankAborted:
-            with self._cond:
-                self._status[rank] = "stopped because another rank failed"
+            self._status[rank] = "stopped because another rank failed"
         except BaseException as error:
-            with self._cond:
+            with self._lock:
                 self._status[rank] = f"raised {type(error).__name__}"
                 self._fail(rank, error)
         finally:
-            self._give_slot(rank)
-            with self._cond:
+            with self._lock:
+                self._pass_slot(rank)
                 self._finished[rank] = True
-                self._finished_count += 1
                 self._waiting[rank] = None
                 self._running -= 1
-                self._cond.notify_all()
+                if self._failure is None:
+                    self._fail_if_deadlocked_by(rank)
+                if self._running == 0:
+                    self._all_done.set()
 
     def _fail(self, rank: int, error: BaseException) -> None:
-        """Record the first failure and wake every waiting rank (caller holds the lock)."""
+        """Record the first failure and wake every parked rank, which then unwinds (caller holds the lock)."""
         if self._failure is None:
             self._failure = (rank, error)
-        self._cond.notify_all()
+        for parked_rank, parked in enumerate(self._parked):
+            if parked:
+                self._unpark(parked_rank)
+        self._all_done.set()
 
     def _stop(self, threads: list[threading.Thread]) -> None:
         """Let released ranks unwind; interrupt ranks busy in their own code; leave none running.
@@ -278,47 +290,100 @@ class VirtualCluster:
             done = self._next_seq[rank]
             if call is not None:
                 lines.append(f"  rank {rank}: waiting in {call.describe()}")
+            elif rank in self._ready:
+                lines.append(f"  rank {rank}: waiting for a turn on the CPU after {done} collective(s)")
             elif self._finished[rank]:
                 lines.append(f"  rank {rank}: {self._status[rank]} after {done} collective(s)")
             else:
                 lines.append(f"  rank {rank}: {self._status[rank]} its own code after {done} collective(s)")
         return "\n".join(lines)
 
+    # -- turns on the CPU --------------------------------------------------------------------------
+
+    def _park(self, rank: int) -> None:
+        """Mark `rank` as asleep on its wakeup lock (caller holds the lock, then waits in `_sleep`)."""
+        self._parked[rank] = True
+
+    def _unpark(self, rank: int) -> None:
+        """Wake `rank` if it is parked (caller holds the lock)."""
+        if self._parked[rank]:
+            self._parked[rank] = False
+            self._wakeups[rank].release()
+
+    def _sleep(self, rank: int, until: float) -> bool:
+        """Sleep until woken (True) or until `until` (False, and the rank is no longer parked)."""
+        if self._wakeups[rank].acquire(timeout=max(0.0, until - time.monotonic())):
+            return True
+        with self._lock:
+            if self._parked[rank]:
+                self._parked[rank] = False
+                return False
+        self._wakeups[rank].acquire()  # woken just as the wait timed out: consume the wakeup
+        return True
+
+    def _grant_slot(self, rank: int) -> None:
+        """Make a waiting rank runnable: give it a free slot and wake it, or queue it (caller holds the lock)."""
+        if self._free_slots:
+            self._free_slots -= 1
+            self._has_slot[rank] = True
+            self._status[rank] = "running"
+            self._unpark(rank)
+        else:
+            self._ready.append(rank)
+
+    def _pass_slot(self, rank: int) -> None:
+        """Give up `rank`'s slot to the rank that has waited longest for one (caller holds the lock)."""
+        if not self._has_slot[rank]:
+            return
+        self._has_slot[rank] = False
+        self._free_slots += 1
+        if self._ready:
+            self._grant_slot(self._ready.popleft())
+
+    def _take_slot(self, rank: int) -> None:
+        """Wait for a first turn on the CPU, bounded by the timeout like a collective."""
+        with self._lock:
+            self._raise_if_failed()
+            self._park(rank)
+            self._grant_slot(rank)
+        self._wait_for_turn(rank, None)
+
+    def _wait_for_turn(self, rank: int, meeting: _Rendezvous | None) -> None:
+        """Sleep until this rank holds a slot again (and `meeting`, if any, is done), or fail clearly."""
+        deadline = time.monotonic() + self.timeout_s
+        while not self._sleep(rank, deadline):
+            with self._lock:
+                self._raise_if_failed()
+                if meeting is not None and not meeting.done:
+                    call = self._waiting[rank]
+                    raise CollectiveTimeout(
+                        f"{call.describe()} did not complete within {self.timeout_s} s "
+                        f"(rank {rank} timed out). What each rank was doing:\n{self.describe_ranks()}\n"
+                        "A rank that never reaches this collective is stuck or on another code path."
+                    )
+                since = meeting.done_at if meeting is not None else deadline - self.timeout_s
+                if time.monotonic() < since + self.timeout_s:
+                    self._park(rank)  # the collective finished late: wait its full time for a turn
+                    deadline = since + self.timeout_s
+                    continue
+                if rank in self._ready:
+                    self._ready.remove(rank)
+                raise CollectiveTimeout(
+                    f"rank {rank} waited {self.timeout_s} s for a turn on the CPU: the ranks running their own "
+                    f"code ({self.max_running} at a time) never reached a collective. What each rank was "
+                    f"doing:\n{self.describe_ranks()}"
+                )
+        self._raise_if_failed()
+
+    # -- collectives -------------------------------------------------------------------------------
+
     def exchange(self, rank: int, call: CollectiveCall, payload: Any, combine: Callable[[list[Any]], Any]) -> Any:
         """Meet the other ranks in `call`; the last to arrive runs `combine(payloads in rank order)` once.
 
-        Every rank gets the same result object back and must treat it as read-only. The rank gives up
-        its turn on the CPU while it waits, and takes one again before it goes on.
+        Every rank gets the same result object back and must treat it as read-only. A rank that is not
+        the last gives up its turn on the CPU while it waits, and gets one back before it goes on.
         """
-        self._give_slot(rank)
-        result = self._meet(rank, call, payload, combine)
-        self._take_slot(rank)
-        return result
-
-    def _take_slot(self, rank: int) -> None:
-        """Wait for a turn on the CPU (see the module docstring), bounded by the timeout like a collective."""
-        self._status[rank] = "waiting for a turn on the CPU"
-        deadline = time.monotonic() + self.timeout_s
-        while not self._cpu_slots.acquire(timeout=0.05):
-            if self._failure is not None:
-                raise RankAborted()
-            if time.monotonic() > deadline:
-                with self._cond:
-                    raise CollectiveTimeout(
-                        f"rank {rank} waited {self.timeout_s} s for a turn on the CPU: the ranks running their own "
-                        f"code ({self.max_running} at a time) never reached a collective. What each rank was "
-                        f"doing:\n{self.describe_ranks()}"
-                    )
-        self._has_slot[rank] = True
-        self._status[rank] = "running"
-
-    def _give_slot(self, rank: int) -> None:
-        if self._has_slot[rank]:
-            self._has_slot[rank] = False
-            self._cpu_slots.release()
-
-    def _meet(self, rank: int, call: CollectiveCall, payload: Any, combine: Callable[[list[Any]], Any]) -> Any:
-        with self._cond:
+        with self._lock:
             self._raise_if_failed()
             seq = self._next_seq[rank]
             self._next_seq[rank] += 1
@@ -339,44 +404,46 @@ class VirtualCluster:
             meeting.calls[rank] = call
             meeting.payloads[rank] = payload
             meeting.arrived += 1
-            self._waiting[rank] = call
+            self._raise_if_deadlocked(meeting, call)
             if meeting.arrived == self.world_size:
                 with _disable_current_modes():  # the interconnect's arithmetic, not this rank's FLOPs
                     meeting.result = combine(meeting.payloads)
                 meeting.payloads = []
                 meeting.done = True
-                self._cond.notify_all()
-            else:
-                deadline = time.monotonic() + self.timeout_s
-                while not meeting.done:
-                    self._raise_if_failed()
-                    self._raise_if_deadlocked(meeting, call)
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        raise CollectiveTimeout(
-                            f"{call.describe()} did not complete within {self.timeout_s} s "
-                            f"(rank {rank} timed out). What each rank was doing:\n{self.describe_ranks()}\n"
-                            "A rank that never reaches this collective is stuck or on another code path."
-                        )
-                    self._cond.wait(remaining)
-            self._waiting[rank] = None
-            meeting.departed += 1
-            if meeting.departed == self.world_size:
+                meeting.done_at = time.monotonic()
                 del self._pending[seq]
-            return meeting.result
+                for other in range(self.world_size):
+                    if other != rank:
+                        self._waiting[other] = None
+                        self._grant_slot(other)
+                return meeting.result
+            self._waiting[rank] = call
+            self._park(rank)
+            self._pass_slot(rank)
+        self._wait_for_turn(rank, meeting)
+        return meeting.result
 
     def _raise_if_failed(self) -> None:
         if self._failure is not None:
             raise RankAborted()
 
+    def _fail_if_deadlocked_by(self, rank: int) -> None:
+        """`rank` just finished: any collective that other ranks wait in without it can never complete."""
+        for meeting in self._pending.values():
+            if meeting.calls[rank] is None and meeting.arrived:
+                call = meeting.calls[meeting.first_rank]
+                self._fail(-1, self._deadlock(rank, meeting, call))
+                return
+
     def _raise_if_deadlocked(self, meeting: _Rendezvous, call: CollectiveCall) -> None:
-        if not self._finished_count:
-            return
         missing = [r for r in range(self.world_size) if self._finished[r] and meeting.calls[r] is None]
         if missing:
-            waiting = [r for r in range(self.world_size) if meeting.calls[r] is not None]
-            raise CollectiveDeadlock(
-                f"rank {missing[0]} returned without calling {call.describe()}, which rank(s) {waiting} are "
-                "waiting in. Every rank must call the same collectives; look for a collective inside an "
-                "`if rank == ...` branch or a loop whose length depends on the rank."
-            )
+            raise self._deadlock(missing[0], meeting, call)
+
+    def _deadlock(self, missing: int, meeting: _Rendezvous, call: CollectiveCall) -> CollectiveDeadlock:
+        waiting = [r for r in range(self.world_size) if meeting.calls[r] is not None]
+        return CollectiveDeadlock(
+            f"rank {missing} returned without calling {call.describe()}, which rank(s) {waiting} are "
+            "waiting in. Every rank must call the same collectives; look for a collective inside an "
+            "`if rank == ...` branch or a loop whose length depends on the rank."
+        )

@@ -9,7 +9,6 @@ time spent inside collectives.
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -19,7 +18,7 @@ from typing import Any
 import torch
 
 from zero_core import formulas, memory
-from zero_core.cluster import VirtualCluster
+from zero_core.cluster import CollectiveCall, VirtualCluster
 from zero_core.comm import CommLedger
 from zero_core.context import current
 from zero_core.flops import FlopMeter
@@ -61,7 +60,9 @@ class StageReport:
     collectives_by_op_per_step: dict[str, int]
     flops_per_step_mean: dict[str, float]
     step_seconds: list[float]
+    """Per step, the slowest rank's own duration of it."""
     typical_step_seconds: float
+    """The cluster's wall time per step over the timed steps (`cluster_step_seconds`)."""
     collective_seconds_per_step_mean: float
     master_weights: dict[str, torch.Tensor] = field(repr=False, default_factory=dict)
     ledger: CommLedger | None = field(repr=False, default=None)
@@ -87,6 +88,8 @@ class RankResult:
     communicated_numels: list[int]
     held_bytes_by_category: dict[str, int]
     spans: list[tuple[int, str, float, float]]
+    step_bounds: list[tuple[float, float]]
+    """Per step, (start, end) in seconds after `origin_s`."""
     origin_s: float
 
 
@@ -103,6 +106,7 @@ def train_on_rank(
     flops: dict[str, int] = dict.fromkeys(PHASES, 0)
     spans: list[tuple[int, str, float, float]] = []
     step_seconds, losses = [], []
+    step_bounds: list[tuple[float, float]] = []
     origin = time.perf_counter()
 
     for step in range(steps):
@@ -119,11 +123,14 @@ def train_on_rank(
                 yield
             spans.append((step, phase, started - origin, time.perf_counter() - origin))
 
+        if step in fenced_steps(steps):
+            _fence()
         if last:
             tracker.reset_peaks()
         started = time.perf_counter()
         losses.append(trainer.train_step(step, measure, count_activations=last))
         step_seconds.append(time.perf_counter() - started)
+        step_bounds.append((started - origin, step_seconds[-1] + started - origin))
         if on_step is not None and trainer.rank == 0:
             on_step(step)
     return RankResult(
@@ -136,6 +143,7 @@ def train_on_rank(
         communicated_numels=[trainer.communicated_numel(layer) for layer in trainer.layers],
         held_bytes_by_category=tracker.current_by_category(),
         spans=spans,
+        step_bounds=step_bounds,
         origin_s=origin,
     )
 
@@ -146,6 +154,32 @@ def timed_steps(steps: int) -> list[int]:
     if steps >= 3:
         return list(range(1, steps - 1))
     return [0]
+
+
+def fenced_steps(steps: int) -> list[int]:
+    """The steps every rank waits for the others before starting: the first timed step and the last.
+
+    Ranks overlap steps (rank 0 starts step k+1 while rank 31 still finishes step k), so without the
+    fences the timed steps would share time with the warm-up step and the slow instrumented one.
+    """
+    if steps >= 3:
+        return [1, steps - 1]
+    return [steps - 1] if steps == 2 else []
+
+
+def _fence() -> None:
+    """Wait for every rank, outside the ledger: a barrier of the measurement, not of the training."""
+    current().backend.barrier(CollectiveCall("barrier", "", (), (), tag="fence between measured steps"))
+
+
+def cluster_step_seconds(steps: int, results: Sequence[RankResult]) -> float:
+    """Wall time per step of the whole cluster over the timed steps: from the first rank starting the first
+    timed step to the last rank finishing the last one, divided by their number. The ranks' clocks are
+    compared, so they must share one (threads of one process, or processes of one machine)."""
+    timed = timed_steps(steps)
+    first = min(r.origin_s + r.step_bounds[timed[0]][0] for r in results)
+    last = max(r.origin_s + r.step_bounds[timed[-1]][1] for r in results)
+    return (last - first) / len(timed)
 
 
 def assemble_master_weights(shards_per_rank: list[dict[str, tuple[int, torch.Tensor]]]) -> dict[str, torch.Tensor]:
@@ -245,7 +279,7 @@ def build_report(
         collectives_by_op_per_step=rank0_last.by_op,
         flops_per_step_mean={p: sum(r.flops[p] for r in results) / n for p in PHASES},
         step_seconds=step_seconds,
-        typical_step_seconds=statistics.median(step_seconds[k] for k in timed_steps(steps)),
+        typical_step_seconds=cluster_step_seconds(steps, results),
         collective_seconds_per_step_mean=sum(
             ledger.rank_summary(r, step=k).seconds for r in range(n) for k in timed_steps(steps)
         )
