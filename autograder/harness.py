@@ -114,6 +114,11 @@ class Recording:
             if isinstance(module, FunctionLayer) and module.function in student_functions:
                 module.shard = StudentShard(module.shard, self.exercise)
 
+    def update_masters(self, grad: torch.Tensor) -> None:
+        for layer, piece in self.master_gradients(grad).items():
+            self.record.adam_grads[(layer, current().step)] = piece.clone()
+        super().update_masters(grad)
+
     def optimizer_step(self) -> bool:
         if self.stage >= 2:
             self.record.stray_grads.update(

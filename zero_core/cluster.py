@@ -113,6 +113,15 @@ class CollectiveCall:
         return " ".join(parts)
 
 
+def _combine_outside_dispatch_modes(combine: Callable[[list[Any]], Any], payloads: list[Any]) -> Any:
+    """Run the interconnect's arithmetic outside the rank's dispatch modes (a FLOP counter counts the
+    rank's own work, not the network's). Leaving the modes costs microseconds, so only when one is on."""
+    if not torch._C._len_torch_dispatch_stack():
+        return combine(payloads)
+    with _disable_current_modes():
+        return combine(payloads)
+
+
 class _Rendezvous:
     """The meeting point of one collective: who arrived with what, and the combined result."""
 
@@ -157,7 +166,7 @@ class VirtualCluster:
         if max_running is not None and max_running < 1:
             raise ValueError(f"max_running must be at least 1, got {max_running}")
         self.world_size = world_size
-        self.max_running = max_running or len(os.sched_getaffinity(0))
+        self.max_running = max_running or len(os.sched_getaffinity(0)) + 1
         self.timeout_s = timeout_s
         self.seed = seed
         self.record_timeline = record_timeline
@@ -406,8 +415,7 @@ class VirtualCluster:
             meeting.arrived += 1
             self._raise_if_deadlocked(meeting, call)
             if meeting.arrived == self.world_size:
-                with _disable_current_modes():  # the interconnect's arithmetic, not this rank's FLOPs
-                    meeting.result = combine(meeting.payloads)
+                meeting.result = _combine_outside_dispatch_modes(combine, meeting.payloads)
                 meeting.payloads = []
                 meeting.done = True
                 meeting.done_at = time.monotonic()

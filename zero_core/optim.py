@@ -49,15 +49,23 @@ class AdamShard:
         self.m = tracker.register(torch.zeros_like(master), memory.ADAM_M, label=label)
         self.v = tracker.register(torch.zeros_like(master), memory.ADAM_V, label=label)
 
+    def view(self, start: int, end: int) -> AdamShard:
+        """The update of elements [start, end) alone: master, m and v are views of this shard's (nothing new
+        is allocated or counted). Updating the views updates this shard, bit for bit as a whole step would."""
+        part = AdamShard.__new__(AdamShard)
+        part.config = self.config
+        part.master, part.m, part.v = self.master[start:end], self.m[start:end], self.v[start:end]
+        return part
+
     def step(self, grad: torch.Tensor, step: int) -> None:
         """One Adam update with the unscaled fp32 gradient of this slice; `step` counts from 1."""
         c = self.config
         self.m.mul_(c.beta1).add_(grad * (1 - c.beta1))
-        self.v.mul_(c.beta2).add_(grad * grad * (1 - c.beta2))
+        self.v.mul_(c.beta2).add_((grad * grad).mul_(1 - c.beta2))
         bias_correction1 = 1 - c.beta1**step
         bias_correction2_sqrt = (1 - c.beta2**step) ** 0.5
-        denom = (self.v.sqrt() / bias_correction2_sqrt).add_(c.eps)
-        self.master.sub_(self.m / denom * (c.lr / bias_correction1))
+        denom = self.v.sqrt().div_(bias_correction2_sqrt).add_(c.eps)
+        self.master.sub_(torch.div(self.m, denom, out=denom).mul_(c.lr / bias_correction1))
 
 
 @dataclass

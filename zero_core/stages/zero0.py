@@ -39,9 +39,9 @@ class Zero0(ZeroStage):
     def owned_gradients(self) -> list[torch.Tensor]:
         return [self.grads[layer.name] for layer in self.layers]
 
-    def found_overflow(self, grads: list[torch.Tensor]) -> bool:
+    def found_overflow(self, grad: torch.Tensor) -> bool:
         """Every rank holds the whole averaged gradient, so each decides alone, and all decide alike."""
-        return any(has_overflow(g) for g in grads)
+        return has_overflow(grad)
 
     def store_parameters(self, layer: Layer, values: torch.Tensor) -> None:
         self.params[layer.name].copy_(values)
