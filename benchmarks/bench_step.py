@@ -28,6 +28,11 @@ TARGET_RATIO = 1.5
 TARGET_RSS_BYTES = 1e9
 
 
+def peak_rss_bytes() -> int:
+    """The process's peak resident memory so far (Linux reports kilobytes)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 def floor_step_seconds(config: TrainConfig, world_size: int, steps: int) -> float:
     """Median seconds of one step's work done serially in one thread, without any collective."""
     threads = torch.get_num_threads()
@@ -72,11 +77,12 @@ def main() -> None:
         worst = max(worst, ratio)
         print(
             f"ZeRO-{stage}: {seconds:.3f} s/step  = {ratio:.2f}x floor  "
-            f"(inside collectives {report.collective_seconds_per_step_mean:.3f} s/rank)"
+            f"(inside collectives {report.collective_seconds_per_step_mean:.3f} s/rank; "
+            f"peak RSS so far {peak_rss_bytes() / 1e6:.0f} MB)"
         )
     verdict = "met" if worst <= TARGET_RATIO else "NOT met"
     print(f"worst stage/floor ratio: {worst:.2f}x (target <= {TARGET_RATIO}x: {verdict})")
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    rss = peak_rss_bytes()
     print(
         f"peak RSS: {rss / 1e6:.0f} MB (target < {TARGET_RSS_BYTES / 1e6:.0f} MB: "
         f"{'met' if rss < TARGET_RSS_BYTES else 'NOT met'})"

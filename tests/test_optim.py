@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from zero_core.memory import MemoryTracker
-from zero_core.optim import AdamConfig, AdamShard, LossScaler, has_overflow
+from zero_core.optim import ADAM_CHUNK, AdamConfig, AdamShard, LossScaler, has_overflow
 
 
 def test_adam_matches_torch_adam_on_the_same_fp32_inputs() -> None:
@@ -38,6 +38,32 @@ def test_adam_on_slices_gives_the_same_bits_as_on_the_whole() -> None:
         for piece, (a, b) in zip(pieces, pairwise(bounds), strict=True):
             piece.step(grad[a:b], step)
     assert torch.equal(torch.cat([p.master for p in pieces]), whole.master)
+
+
+def test_a_shard_longer_than_a_chunk_is_updated_everywhere_as_pieces_of_it_would_be() -> None:
+    numel = 2 * ADAM_CHUNK + 123
+    generator = torch.Generator().manual_seed(2)
+    start = torch.randn(numel, generator=generator)
+    grads = [torch.randn(numel, generator=generator) for _ in range(2)]
+    whole = AdamShard(start.clone(), AdamConfig(), MemoryTracker(), "whole")
+    last = AdamShard(start[-200:].clone(), AdamConfig(), MemoryTracker(), "the last 200")
+    for step, grad in enumerate(grads, start=1):
+        whole.step(grad, step)
+        last.step(grad[-200:], step)
+    assert torch.equal(whole.master[-200:], last.master)
+    assert not torch.equal(whole.master[-200:], start[-200:])
+
+
+def test_views_of_a_shard_update_the_shard_as_its_own_step_would() -> None:
+    generator = torch.Generator().manual_seed(3)
+    start = torch.randn(900, generator=generator)
+    grad = torch.randn(900, generator=generator)
+    whole = AdamShard(start.clone(), AdamConfig(), MemoryTracker(), "whole")
+    by_views = AdamShard(start.clone(), AdamConfig(), MemoryTracker(), "by views")
+    whole.step(grad, 1)
+    for a, b in pairwise([0, 400, 401, 900]):
+        by_views.view(a, b).step(grad[a:b], 1)
+    assert torch.equal(whole.master, by_views.master) and torch.equal(whole.v, by_views.v)
 
 
 def test_adam_states_are_k_equals_twelve_bytes_per_parameter_until_released() -> None:

@@ -15,10 +15,10 @@ The cluster never hangs on a mistake:
 - after any failure, ranks still running are stopped (a Python-level loop is interrupted), and the
   cluster is ready for the next `run`.
 
-Ranks take turns on the CPU: at most `max_running` of them (by default, one per core) run their own
-code at a time, and a rank gives up its slot while it waits in a collective. Thirty-two threads all
-runnable at once would mostly trade Python's global interpreter lock back and forth between tiny tensor
-operations; with one runnable rank per core they compute as fast as the cores allow. What each rank
+Ranks take turns on the CPU: at most `max_running` of them (by default, one more than there are cores:
+a rank with a turn often waits a moment for Python's interpreter lock) run their own code at a time,
+and a rank gives up its turn while it waits in a collective. Thirty-two threads all runnable at once
+would mostly trade the interpreter lock back and forth between tiny tensor operations. What each rank
 computes, and the order of every reduction, is the same either way.
 """
 
@@ -181,6 +181,7 @@ class VirtualCluster:
         self._next_seq = [0] * n
         self._waiting: list[CollectiveCall | None] = [None] * n
         self._finished = [False] * n
+        self._finished_count = 0
         self._status = ["starting"] * n
         self._results: list[Any] = [None] * n
         self._failure: tuple[int, BaseException] | None = None
@@ -252,6 +253,7 @@ class VirtualCluster:
             with self._lock:
                 self._pass_slot(rank)
                 self._finished[rank] = True
+                self._finished_count += 1
                 self._waiting[rank] = None
                 self._running -= 1
                 if self._failure is None:
@@ -444,6 +446,8 @@ class VirtualCluster:
                 return
 
     def _raise_if_deadlocked(self, meeting: _Rendezvous, call: CollectiveCall) -> None:
+        if not self._finished_count:
+            return
         missing = [r for r in range(self.world_size) if self._finished[r] and meeting.calls[r] is None]
         if missing:
             raise self._deadlock(missing[0], meeting, call)

@@ -22,6 +22,8 @@ import torch
 from zero_core import memory
 
 PRECISIONS = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+ADAM_CHUNK = 1 << 16
+"""Elements an Adam step updates at a time (256 KiB of fp32 per temporary)."""
 
 
 def precision_dtype(name: str) -> torch.dtype:
@@ -58,14 +60,28 @@ class AdamShard:
         return part
 
     def step(self, grad: torch.Tensor, step: int) -> None:
-        """One Adam update with the unscaled fp32 gradient of this slice; `step` counts from 1."""
-        c = self.config
-        self.m.mul_(c.beta1).add_(grad * (1 - c.beta1))
-        self.v.mul_(c.beta2).add_((grad * grad).mul_(1 - c.beta2))
-        bias_correction1 = 1 - c.beta1**step
-        bias_correction2_sqrt = (1 - c.beta2**step) ** 0.5
-        denom = self.v.sqrt().div_(bias_correction2_sqrt).add_(c.eps)
-        self.master.sub_(torch.div(self.m, denom, out=denom).mul_(c.lr / bias_correction1))
+        """One Adam update with the unscaled fp32 gradient of this slice; `step` counts from 1.
+
+        Long slices are updated `ADAM_CHUNK` elements at a time, which bounds the temporaries (and so the
+        process's memory when 32 ranks run at once) and changes no bit: every operation is elementwise.
+        """
+        for start in range(0, grad.numel(), ADAM_CHUNK):
+            end = start + ADAM_CHUNK
+            _adam_update(
+                self.master[start:end], self.m[start:end], self.v[start:end], grad[start:end], step, self.config
+            )
+
+
+def _adam_update(
+    master: torch.Tensor, m: torch.Tensor, v: torch.Tensor, grad: torch.Tensor, step: int, c: AdamConfig
+) -> None:
+    """Adam on equal-length fp32 tensors, in place, from unfused elementwise operations."""
+    m.mul_(c.beta1).add_(grad * (1 - c.beta1))
+    v.mul_(c.beta2).add_((grad * grad).mul_(1 - c.beta2))
+    bias_correction1 = 1 - c.beta1**step
+    bias_correction2_sqrt = (1 - c.beta2**step) ** 0.5
+    denom = v.sqrt().div_(bias_correction2_sqrt).add_(c.eps)
+    master.sub_(torch.div(m, denom, out=denom).mul_(c.lr / bias_correction1))
 
 
 @dataclass

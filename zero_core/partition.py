@@ -77,12 +77,10 @@ class FlatPartition:
             raise ValueError(
                 f"expected {self.numel} elements in all, got {total} in shapes {[list(t.shape) for t in tensors]}"
             )
-        padded = tensors[0].new_zeros(self.padded_numel)
-        offset = 0
-        for tensor in tensors:
-            padded[offset : offset + tensor.numel()] = tensor.reshape(-1)
-            offset += tensor.numel()
-        return padded
+        pieces = [t.reshape(-1) for t in tensors]
+        if self.padding:
+            pieces.append(tensors[0].new_zeros(self.padding))
+        return torch.cat(pieces)
 
     def _check_rank(self, rank: int) -> None:
         if not 0 <= rank < self.world_size:
@@ -96,11 +94,9 @@ def flatten(tensors: list[torch.Tensor]) -> torch.Tensor:
 
 def unflatten(flat: torch.Tensor, shapes: list[torch.Size]) -> list[torch.Tensor]:
     """Views of `flat` with the given shapes, in order (flat may be longer: padding is ignored)."""
-    needed = sum(shape.numel() for shape in shapes)
-    if needed > flat.numel():
-        raise ValueError(f"shapes need {needed} elements but the flat tensor has {flat.numel()}")
-    views, offset = [], 0
-    for shape in shapes:
-        views.append(flat[offset : offset + shape.numel()].view(shape))
-        offset += shape.numel()
-    return views
+    sizes = [shape.numel() for shape in shapes]
+    rest = flat.numel() - sum(sizes)
+    if rest < 0:
+        raise ValueError(f"shapes need {sum(sizes)} elements but the flat tensor has {flat.numel()}")
+    pieces = flat.split_with_sizes([*sizes, rest])
+    return [piece.view(shape) for piece, shape in zip(pieces, shapes, strict=False)]
