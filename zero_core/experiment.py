@@ -68,6 +68,8 @@ class StageReport:
     ledger: CommLedger | None = field(repr=False, default=None)
     trackers: list[memory.MemoryTracker] = field(repr=False, default_factory=list)
     phase_spans: list[list[tuple[int, str, float, float]]] = field(repr=False, default_factory=list)
+    step_bounds: list[list[tuple[float, float]]] = field(repr=False, default_factory=list)
+    """Per rank, per step, (start, end) in seconds after the rank's origin in `rank_origins_s`."""
     rank_origins_s: list[float] = field(repr=False, default_factory=list)
     """Per rank, the `time.perf_counter()` its `phase_spans` are relative to (`CommEntry.started_s` is absolute)."""
 
@@ -288,6 +290,7 @@ def build_report(
         ledger=ledger,
         trackers=list(trackers),
         phase_spans=[r.spans for r in results],
+        step_bounds=[r.step_bounds for r in results],
         rank_origins_s=[r.origin_s for r in results],
     )
 

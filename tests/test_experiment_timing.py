@@ -1,0 +1,43 @@
+"""How a run's step time is measured: the timed steps are fenced off from the warm-up and the instrumented
+last step, and the step time is the cluster's wall time over them."""
+
+from __future__ import annotations
+
+import pytest
+
+from zero_core.experiment import StageReport, fenced_steps, run_stage, timed_steps
+from zero_core.model import preset
+from zero_core.stages import TrainConfig
+
+MICRO = TrainConfig(model=preset("micro"))
+
+
+def step_window(report: StageReport, step: int) -> tuple[float, float]:
+    """(first start, last end) of `step` over the ranks, on the shared clock."""
+    starts_ends = [
+        (origin + bounds[step][0], origin + bounds[step][1])
+        for origin, bounds in zip(report.rank_origins_s, report.step_bounds, strict=True)
+    ]
+    return min(start for start, _ in starts_ends), max(end for _, end in starts_ends)
+
+
+def test_the_timed_steps_are_those_between_the_first_and_the_last() -> None:
+    assert timed_steps(5) == [1, 2, 3] and fenced_steps(5) == [1, 4]
+    assert timed_steps(2) == [0] and fenced_steps(2) == [1]
+    assert timed_steps(1) == [0] and fenced_steps(1) == []
+
+
+@pytest.mark.parametrize("stage", [0, 3])
+def test_no_rank_starts_a_fenced_step_before_every_rank_has_finished_the_step_before(stage: int) -> None:
+    """Without the fences, rank 0 starts step k+1 while others still finish step k (ranks overlap steps)."""
+    report = run_stage(stage, 6, 5, MICRO)
+    for step in fenced_steps(5):
+        assert step_window(report, step)[0] >= step_window(report, step - 1)[1]
+    assert not any(e.op == "barrier" for rank in report.ledger.ranks for e in rank.entries)
+
+
+def test_the_step_time_is_the_clusters_wall_time_over_the_timed_steps() -> None:
+    report = run_stage(1, 4, 5, MICRO)
+    first, _ = step_window(report, 1)
+    _, last = step_window(report, 3)
+    assert report.typical_step_seconds == pytest.approx((last - first) / 3)
