@@ -176,7 +176,10 @@ def render(reports: list[StageReport], equivalences: list[Equivalence], referenc
             ]
             for r in reports
         ],
-        title="Compute per GPU per step (FLOPs: last step; times: median of the steps between the first and the last)",
+        title=(
+            "Compute per GPU per step (FLOPs: last step; times: over the steps between the first and the last, "
+            "the cluster's wall time per step and a rank's time inside collectives)"
+        ),
     )
     breakdown = table(
         [
