@@ -383,3 +383,21 @@ def test_a_rank_that_keeps_the_cpu_forever_gives_the_waiting_ranks_a_clear_error
     assert time.monotonic() - started < 5.0
     assert "rank 0" in str(error.value)
     assert not rank_threads()
+
+
+@pytest.mark.timeout(10)
+def test_a_rank_left_without_a_turn_after_a_collective_gets_a_clear_error():
+    """The barrier completes, but the one rank allowed to run never reaches another collective."""
+
+    def all_spin_after_a_barrier():
+        dist.barrier()
+        spin_forever()
+
+    started = time.monotonic()
+    with pytest.raises(CollectiveTimeout, match="waited 1.0 s for a turn on the CPU") as error:
+        VirtualCluster(2, timeout_s=1.0, max_running=1).run(all_spin_after_a_barrier)
+    assert time.monotonic() - started < 5.0
+    lines = str(error.value).splitlines()
+    assert sum("waiting for a turn on the CPU after 1 collective(s)" in line for line in lines) == 1
+    assert sum("running its own code after 1 collective(s)" in line for line in lines) == 1
+    assert not rank_threads()

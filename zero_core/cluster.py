@@ -312,7 +312,7 @@ class VirtualCluster:
     # -- turns on the CPU --------------------------------------------------------------------------
 
     def _park(self, rank: int) -> None:
-        """Mark `rank` as asleep on its wakeup lock (caller holds the lock, then waits in `_sleep`)."""
+        """Mark `rank` as asleep on its wakeup lock (caller holds the lock, then waits in `_wait_for_turn`)."""
         self._parked[rank] = True
 
     def _unpark(self, rank: int) -> None:
@@ -320,17 +320,6 @@ class VirtualCluster:
         if self._parked[rank]:
             self._parked[rank] = False
             self._wakeups[rank].release()
-
-    def _sleep(self, rank: int, until: float) -> bool:
-        """Sleep until woken (True) or until `until` (False, and the rank is no longer parked)."""
-        if self._wakeups[rank].acquire(timeout=max(0.0, until - time.monotonic())):
-            return True
-        with self._lock:
-            if self._parked[rank]:
-                self._parked[rank] = False
-                return False
-        self._wakeups[rank].acquire()  # woken just as the wait timed out: consume the wakeup
-        return True
 
     def _grant_slot(self, rank: int) -> None:
         """Make a waiting rank runnable: give it a free slot and wake it, or queue it (caller holds the lock)."""
@@ -360,30 +349,36 @@ class VirtualCluster:
         self._wait_for_turn(rank, None)
 
     def _wait_for_turn(self, rank: int, meeting: _Rendezvous | None) -> None:
-        """Sleep until this rank holds a slot again (and `meeting`, if any, is done), or fail clearly."""
+        """Sleep on the rank's wakeup lock until it holds a slot again (and `meeting`, if any, is done).
+
+        A wait that times out says why: the collective never completed, or it did but the ranks holding
+        the slots never reached a collective to hand one over. Decided under the cluster's lock, so a
+        wakeup that lands just as the wait times out is not lost.
+        """
         deadline = time.monotonic() + self.timeout_s
-        while not self._sleep(rank, deadline):
+        while not self._wakeups[rank].acquire(timeout=max(0.0, deadline - time.monotonic())):
             with self._lock:
-                self._raise_if_failed()
+                if not self._parked[rank]:  # woken just as the wait timed out: the lock is free to take
+                    self._wakeups[rank].acquire()
+                    break
                 if meeting is not None and not meeting.done:
-                    call = self._waiting[rank]
+                    self._parked[rank] = False
                     raise CollectiveTimeout(
-                        f"{call.describe()} did not complete within {self.timeout_s} s "
+                        f"{self._waiting[rank].describe()} did not complete within {self.timeout_s} s "
                         f"(rank {rank} timed out). What each rank was doing:\n{self.describe_ranks()}\n"
                         "A rank that never reaches this collective is stuck or on another code path."
                     )
-                since = meeting.done_at if meeting is not None else deadline - self.timeout_s
-                if time.monotonic() < since + self.timeout_s:
-                    self._park(rank)  # the collective finished late: wait its full time for a turn
-                    deadline = since + self.timeout_s
+                if meeting is not None and time.monotonic() < meeting.done_at + self.timeout_s:
+                    deadline = meeting.done_at + self.timeout_s  # it completed late: a full wait for a turn
                     continue
-                if rank in self._ready:
-                    self._ready.remove(rank)
-                raise CollectiveTimeout(
-                    f"rank {rank} waited {self.timeout_s} s for a turn on the CPU: the ranks running their own "
-                    f"code ({self.max_running} at a time) never reached a collective. What each rank was "
-                    f"doing:\n{self.describe_ranks()}"
+                error = CollectiveTimeout(
+                    f"rank {rank} waited {self.timeout_s} s for a turn on the CPU: the ranks running their "
+                    f"own code ({self.max_running} at a time) never reached a collective. What each rank "
+                    f"was doing:\n{self.describe_ranks()}"
                 )
+                self._parked[rank] = False
+                self._ready.remove(rank)
+                raise error
         self._raise_if_failed()
 
     # -- collectives -------------------------------------------------------------------------------
