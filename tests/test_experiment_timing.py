@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from zero_core.experiment import StageReport, fenced_steps, run_stage, timed_steps
+from zero_core.experiment import RankResult, StageReport, cluster_step_seconds, fenced_steps, run_stage, timed_steps
 from zero_core.model import preset
 from zero_core.stages import TrainConfig
 
@@ -41,3 +41,13 @@ def test_the_step_time_is_the_clusters_wall_time_over_the_timed_steps() -> None:
     first, _ = step_window(report, 1)
     _, last = step_window(report, 3)
     assert report.typical_step_seconds == pytest.approx((last - first) / 3)
+
+
+def test_without_a_shared_clock_the_step_time_is_the_slowest_ranks_own_span() -> None:
+    """Processes leave the fence together, so each rank's span from there is the cluster's, on its clock."""
+    spans = [[(0.0, 1.0), (2.0, 3.0), (3.0, 4.5), (4.5, 5.0)], [(0.0, 1.5), (2.0, 3.5), (3.5, 4.0), (4.0, 6.0)]]
+    results = [
+        RankResult([], {}, [], {}, 0, 0, [], {}, [], bounds, origin)
+        for bounds, origin in zip(spans, [100.0, -7.0], strict=True)
+    ]
+    assert cluster_step_seconds(4, results, shared_clock=False) == pytest.approx((4.5 - 2.0) / 2)

@@ -174,14 +174,20 @@ def _fence() -> None:
     current().backend.barrier(CollectiveCall("barrier", "", (), (), tag="fence between measured steps"))
 
 
-def cluster_step_seconds(steps: int, results: Sequence[RankResult]) -> float:
+def cluster_step_seconds(steps: int, results: Sequence[RankResult], *, shared_clock: bool = True) -> float:
     """Wall time per step of the whole cluster over the timed steps: from the first rank starting the first
-    timed step to the last rank finishing the last one, divided by their number. The ranks' clocks are
-    compared, so they must share one (threads of one process, or processes of one machine)."""
+    timed step to the last rank finishing the last one, divided by their number.
+
+    That compares the ranks' clocks (`shared_clock`: threads of one process). Processes, possibly on
+    several machines, share none; but no rank waits for a turn there, so all leave the fence before the
+    first timed step together, and the slowest rank's own span is the cluster's.
+    """
     timed = timed_steps(steps)
-    first = min(r.origin_s + r.step_bounds[timed[0]][0] for r in results)
-    last = max(r.origin_s + r.step_bounds[timed[-1]][1] for r in results)
-    return (last - first) / len(timed)
+    if shared_clock:
+        first = min(r.origin_s + r.step_bounds[timed[0]][0] for r in results)
+        last = max(r.origin_s + r.step_bounds[timed[-1]][1] for r in results)
+        return (last - first) / len(timed)
+    return max(r.step_bounds[timed[-1]][1] - r.step_bounds[timed[0]][0] for r in results) / len(timed)
 
 
 def assemble_master_weights(shards_per_rank: list[dict[str, tuple[int, torch.Tensor]]]) -> dict[str, torch.Tensor]:
@@ -231,11 +237,14 @@ def build_report(
     ledger: CommLedger,
     trackers: Sequence[memory.MemoryTracker],
     results: list[RankResult],
+    *,
+    shared_clock: bool = True,
 ) -> StageReport:
     """The report of one run from what each rank measured, wherever the ranks ran.
 
     `ledger` holds every rank's collectives; `trackers[r]` is rank r's `MemoryTracker`, or a snapshot of
     its read side (`peak_bytes`, `timeline`) gathered from another process (`zero_core.launch`).
+    `shared_clock`: the ranks' `perf_counter` clocks are one (see `cluster_step_seconds`).
     """
     psi = results[0].psi
     communicated_psi = sum(results[0].communicated_numels)
@@ -281,7 +290,7 @@ def build_report(
         collectives_by_op_per_step=rank0_last.by_op,
         flops_per_step_mean={p: sum(r.flops[p] for r in results) / n for p in PHASES},
         step_seconds=step_seconds,
-        typical_step_seconds=cluster_step_seconds(steps, results),
+        typical_step_seconds=cluster_step_seconds(steps, results, shared_clock=shared_clock),
         collective_seconds_per_step_mean=sum(
             ledger.rank_summary(r, step=k).seconds for r in range(n) for k in timed_steps(steps)
         )

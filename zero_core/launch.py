@@ -176,7 +176,8 @@ def train_stage(
     ledger = CommLedger(backend.world_size)
     ledger.ranks = [ranks_ledger for _, ranks_ledger, _ in gathered]
     results = [ranks_result for ranks_result, _, _ in gathered]
-    return build_report(stage, backend.world_size, steps, config, ledger, [t for _, _, t in gathered], results)
+    trackers = [t for _, _, t in gathered]
+    return build_report(stage, backend.world_size, steps, config, ledger, trackers, results, shared_clock=False)
 
 
 def save_runs(path: Path, backend: TorchBackend | FaultyBackend, reports: list[StageReport]) -> None:
