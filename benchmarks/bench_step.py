@@ -3,9 +3,11 @@
 The floor is the same work with no distribution at all: the 32 micro-batches' forward and backward run
 one after another in one thread with plain autograd, then one Adam step, no communication. A stage's
 ratio to it is what the virtual cluster costs (threads, rendezvous, copies); the target is <= 1.5x.
-Both are measured in this run, as the median of several steps, because these machines are shared.
+Both are measured in this run, because these machines are shared: the floor as the median of its steps
+after the first, a stage as the cluster's wall time per step over the steps between its first and last
+(`StageReport.typical_step_seconds`).
 
-    python benchmarks/bench_step.py [--world-size 32] [--steps 4] [--preset tiny]
+    python benchmarks/bench_step.py [--world-size 32] [--steps 5] [--preset tiny]
 """
 
 from __future__ import annotations
