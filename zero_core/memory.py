@@ -16,6 +16,7 @@ import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -41,9 +42,12 @@ before its reduce-scatter."""
 CATEGORIES = MODEL_STATES + TRANSIENTS + (ACTIVATIONS, PADDING)
 
 
-@dataclass(frozen=True)
-class MemoryEvent:
-    """One change of the ledger: `delta_bytes` in `category`, and the rank's total right after."""
+class MemoryEvent(NamedTuple):
+    """One change of the ledger: `delta_bytes` in `category`, and the rank's total right after.
+
+    A named tuple of plain values: a rank records hundreds per step, and the garbage collector does not
+    track such tuples, while it would scan every dataclass instance in a growing timeline.
+    """
 
     index: int
     seconds: float
