@@ -11,7 +11,8 @@ bytes live, by implementing four methods:
 - `publish_parameters()`: make the updated fp16 parameters available (ZeRO-1/2 all-gather them).
 
 The model's parameter layers (`model.parameter_layers`) are the unit of partitioning: each layer's
-weight and bias are flattened together and split by a `FlatPartition`.
+weight and bias are flattened together and split by a `FlatPartition`. `ReplicatedStage` is the
+`setup` ZeRO-0 and ZeRO-1 share: full parameters and gradients on every rank.
 """
 
 from __future__ import annotations
@@ -103,17 +104,13 @@ class ZeroStage:
             for name, module in parameter_layers(model)
         ]
         initial = {layer.name: flatten([p.detach() for p in layer.module.parameters()]) for layer in self.layers}
-        offset = 0
+        masters, offset = [], 0
         for layer in self.layers:
             start, end = self.master_range(layer)
+            masters.append(initial[layer.name][start:end])
             layer.master_slice = slice(offset, offset + end - start)
             offset += end - start
-        self.optimizer = AdamShard(
-            flatten([initial[layer.name][slice(*self.master_range(layer))] for layer in self.layers]),
-            config.adam,
-            self.tracker,
-            "every layer's master range",
-        )
+        self.optimizer = AdamShard(flatten(masters), config.adam, self.tracker, "every layer's master range")
         for layer in self.layers:
             layer.master = self.optimizer.view(layer.master_slice.start, layer.master_slice.stop)
         self.setup(model, initial)
@@ -236,25 +233,6 @@ class ZeroStage:
         flat = layer.partition.pad(values.to(self.dtype))
         return self.tracker.register(flat, category, padding_elements=layer.partition.padding, label=layer.name)
 
-    def replicate_parameters_and_gradients(
-        self, layer: Layer, initial: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """ZeRO-0/1: a full flat fp16 parameter buffer and gradient buffer for the layer, on every rank.
-
-        The layer's own parameters become views of the parameter buffer and their `.grad`s views of the
-        gradient buffer, so plain autograd accumulates straight into the buffer the stage communicates.
-        """
-        flat_param = self.new_buffer(initial, memory.PARAM, layer)
-        flat_grad = self.new_buffer(torch.zeros(layer.numel), memory.GRAD, layer)
-        names = [name for name, _ in layer.module.named_parameters(recurse=False)]
-        for name, param_view, grad_view in zip(
-            names, unflatten(flat_param, layer.shapes), unflatten(flat_grad, layer.shapes), strict=True
-        ):
-            param = nn.Parameter(param_view)
-            param.grad = grad_view
-            setattr(layer.module, name, param)
-        return flat_param, flat_grad
-
     def owned_slice(self, flat: torch.Tensor, layer: Layer) -> torch.Tensor:
         """The rank's real (unpadded) elements of a full padded flat buffer of `layer`."""
         start, end = layer.partition.owned_range(self.rank)
@@ -264,3 +242,32 @@ class ZeroStage:
         """The rank's padded chunk of a full padded flat buffer of `layer`: input of an all-gather."""
         size = layer.partition.chunk_numel
         return flat[self.rank * size : (self.rank + 1) * size]
+
+
+class ReplicatedStage(ZeroStage):
+    """ZeRO-0 and ZeRO-1: every rank keeps the full fp16 parameters and gradients of every layer.
+
+    `params[name]` and `grads[name]` are one flat buffer per layer. The layer's own parameters become
+    views of the parameter buffer and their `.grad`s views of the gradient buffer, so plain autograd
+    accumulates straight into the buffer the stage communicates. The two stages differ in how they
+    reduce the gradients and which slice each rank updates.
+    """
+
+    def setup(self, model: nn.Module, initial: dict[str, torch.Tensor]) -> None:
+        self.params: dict[str, torch.Tensor] = {}
+        self.grads: dict[str, torch.Tensor] = {}
+        for layer in self.layers:
+            flat_param = self.new_buffer(initial[layer.name], memory.PARAM, layer)
+            flat_grad = self.new_buffer(torch.zeros(layer.numel), memory.GRAD, layer)
+            names = [name for name, _ in layer.module.named_parameters(recurse=False)]
+            for name, param_view, grad_view in zip(
+                names, unflatten(flat_param, layer.shapes), unflatten(flat_grad, layer.shapes), strict=True
+            ):
+                param = nn.Parameter(param_view)
+                param.grad = grad_view
+                setattr(layer.module, name, param)
+            self.params[layer.name], self.grads[layer.name] = flat_param, flat_grad
+
+    def zero_gradients(self) -> None:
+        for grad in self.grads.values():
+            grad.zero_()

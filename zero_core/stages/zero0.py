@@ -12,25 +12,16 @@ flat fp16 gradient buffer per layer, so autograd accumulates straight into the b
 from __future__ import annotations
 
 import torch
-import torch.nn as nn
 
 from zero_core import dist
 from zero_core.optim import has_overflow
-from zero_core.stages.base import Layer, ZeroStage
+from zero_core.stages.base import Layer, ReplicatedStage
 
 
-class Zero0(ZeroStage):
+class Zero0(ReplicatedStage):
     stage = 0
     partitions_optimizer_states = False
     pads_buffers = False
-
-    def setup(self, model: nn.Module, initial: dict[str, torch.Tensor]) -> None:
-        self.params: dict[str, torch.Tensor] = {}
-        self.grads: dict[str, torch.Tensor] = {}
-        for layer in self.layers:
-            self.params[layer.name], self.grads[layer.name] = self.replicate_parameters_and_gradients(
-                layer, initial[layer.name]
-            )
 
     def sync_gradients(self) -> None:
         for layer in self.layers:
@@ -45,7 +36,3 @@ class Zero0(ZeroStage):
 
     def store_parameters(self, layer: Layer, values: torch.Tensor) -> None:
         self.params[layer.name].copy_(values)
-
-    def zero_gradients(self) -> None:
-        for grad in self.grads.values():
-            grad.zero_()

@@ -15,22 +15,13 @@ So 2Ψ per step like data parallelism (3Ψ with the all-reduce variant), and les
 from __future__ import annotations
 
 import torch
-import torch.nn as nn
 
 from zero_core import dist
-from zero_core.stages.base import Layer, ZeroStage
+from zero_core.stages.base import Layer, ReplicatedStage
 
 
-class Zero1(ZeroStage):
+class Zero1(ReplicatedStage):
     stage = 1
-
-    def setup(self, model: nn.Module, initial: dict[str, torch.Tensor]) -> None:
-        self.params: dict[str, torch.Tensor] = {}
-        self.grads: dict[str, torch.Tensor] = {}
-        for layer in self.layers:
-            self.params[layer.name], self.grads[layer.name] = self.replicate_parameters_and_gradients(
-                layer, initial[layer.name]
-            )
 
     def sync_gradients(self) -> None:
         for layer in self.layers:
@@ -52,7 +43,3 @@ class Zero1(ZeroStage):
         for layer in self.layers:
             flat_param = self.params[layer.name]
             dist.all_gather_single(flat_param, self.chunk(flat_param, layer), tag=f"param {layer.name}")
-
-    def zero_gradients(self) -> None:
-        for grad in self.grads.values():
-            grad.zero_()
