@@ -10,7 +10,6 @@ own summation order shows in the last bits.
 from __future__ import annotations
 
 import warnings
-from dataclasses import asdict
 from datetime import timedelta
 
 import pytest
@@ -114,7 +113,7 @@ def _process(rank: int, folder: str) -> None:
             warnings.simplefilter("always")
             outcome = everything()
         outcome["warnings"] = [f"{w.category.__name__}: {w.message}" for w in caught]
-        outcome["ledger"] = [asdict(entry) for entry in ctx.ledger.entries]
+        outcome["ledger"] = [entry._asdict() for entry in ctx.ledger.entries]
         torch.save(outcome, f"{folder}/rank{rank}.pt")
     finally:
         torch_dist.destroy_process_group()
@@ -174,7 +173,7 @@ def test_each_real_rank_records_the_same_ledger_as_its_virtual_twin(real, virtua
     _, cluster = virtual
     ignore = {"seconds", "started_s"}
     for rank in range(WORLD_SIZE):
-        want = [{k: v for k, v in asdict(e).items() if k not in ignore} for e in cluster.ledger.ranks[rank].entries]
+        want = [{k: v for k, v in e._asdict().items() if k not in ignore} for e in cluster.ledger.ranks[rank].entries]
         got = [{k: v for k, v in e.items() if k not in ignore} for e in real[rank]["ledger"]]
         assert got == want
 

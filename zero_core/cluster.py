@@ -148,6 +148,7 @@ class _Rendezvous:
         self.payloads: list[Any] = [None] * world_size
         self.arrived = 0
         self.first_rank = -1
+        self.signature: tuple = ()
         self.done = False
         self.done_at = 0.0
         self.result: Any = None
@@ -420,8 +421,8 @@ class VirtualCluster:
             if meeting is None:
                 meeting = self._pending[seq] = _Rendezvous(self.world_size)
             if meeting.first_rank >= 0:
-                first = meeting.calls[meeting.first_rank]
-                if first.signature() != call.signature():
+                if meeting.signature != call.signature():
+                    first = meeting.calls[meeting.first_rank]
                     raise CollectiveMismatch(
                         f"collective mismatch at position #{seq}: rank {rank} called {call.describe()}, "
                         f"but rank {meeting.first_rank} called {first.describe()}. Every rank must call the "
@@ -429,6 +430,7 @@ class VirtualCluster:
                     )
             else:
                 meeting.first_rank = rank
+                meeting.signature = call.signature()
             meeting.calls[rank] = call
             meeting.payloads[rank] = payload
             meeting.arrived += 1

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
+from typing import NamedTuple
 
 ALL_REDUCE = "all_reduce"
 REDUCE_SCATTER = "reduce_scatter"
@@ -71,9 +72,13 @@ def ring_messages(op: str, world_size: int) -> int:
     return world_size - 1
 
 
-@dataclass(frozen=True)
-class CommEntry:
-    """One collective as one rank saw it."""
+class CommEntry(NamedTuple):
+    """One collective as one rank saw it.
+
+    A named tuple of plain values: every rank records one per collective, dozens per step, and a tuple
+    is the cheapest immutable record to make. `started_s` is `time.perf_counter()` when the rank entered
+    the collective (absolute; for timelines and traces).
+    """
 
     seq: int
     op: str
@@ -87,7 +92,6 @@ class CommEntry:
     phase: str
     seconds: float
     started_s: float = 0.0
-    """`time.perf_counter()` when the rank entered the collective (absolute; for timelines and traces)."""
 
     @property
     def elements_sent(self) -> float:
@@ -118,18 +122,18 @@ class RankLedger:
     ) -> CommEntry:
         sent, received = ring_bytes(op, full_bytes, element_size, self.world_size, self.rank, src)
         entry = CommEntry(
-            seq=len(self.entries),
-            op=op,
-            tag=tag,
-            dtype=dtype,
-            elements=full_bytes // element_size if element_size else 0,
-            element_size=element_size,
-            bytes_sent=sent,
-            bytes_received=received,
-            step=step,
-            phase=phase,
-            seconds=seconds,
-            started_s=started_s,
+            len(self.entries),
+            op,
+            tag,
+            dtype,
+            full_bytes // element_size if element_size else 0,
+            element_size,
+            sent,
+            received,
+            step,
+            phase,
+            seconds,
+            started_s,
         )
         self.entries.append(entry)
         return entry

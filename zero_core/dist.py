@@ -29,7 +29,7 @@ import torch
 from zero_core import comm
 from zero_core.backends.base import ReduceOp, reduce_in_rank_order
 from zero_core.cluster import CollectiveCall
-from zero_core.context import current, maybe_current
+from zero_core.context import RankContext, current, maybe_current
 
 __all__ = [
     "ReduceOp",
@@ -89,6 +89,7 @@ def _check_tensor(name: str, op: str, tensor: Any) -> None:
 
 
 def _run(
+    ctx: RankContext,
     op: str,
     tag: str | None,
     call: CollectiveCall,
@@ -98,7 +99,6 @@ def _run(
     src: int = 0,
 ) -> None:
     """`move(backend)` moves the data; the ledger records the collective with its ring bytes and duration."""
-    ctx = current()
     started = time.perf_counter()
     move(ctx.backend)
     ctx.ledger.record(
@@ -128,6 +128,7 @@ def all_reduce(
     shape = tuple(tensor.shape)
     call = CollectiveCall("all_reduce", _dtype_name(tensor), shape, shape, reduce_op.name, tag=tag or "")
     _run(
+        current(),
         comm.ALL_REDUCE,
         tag,
         call,
@@ -150,7 +151,8 @@ def reduce_scatter_single(
     """Rank r's `output` becomes chunk r of the reduction of all ranks' `input` (N equal chunks)."""
     _check_tensor("output", "reduce_scatter", output)
     _check_tensor("input", "reduce_scatter", input)
-    rank, world_size = get_rank(), get_world_size()
+    ctx = current()
+    rank, world_size = ctx.rank, ctx.world_size
     if input.dtype != output.dtype:
         raise ValueError(
             f"rank {rank}: reduce_scatter input {list(input.shape)} is {input.dtype} but output "
@@ -167,6 +169,7 @@ def reduce_scatter_single(
         "reduce_scatter", _dtype_name(input), tuple(input.shape), tuple(output.shape), reduce_op.name, tag=tag or ""
     )
     _run(
+        ctx,
         comm.REDUCE_SCATTER,
         tag,
         call,
@@ -188,7 +191,8 @@ def all_gather_single(
     """Every rank's `output_tensor` becomes all ranks' `input_tensor`s concatenated in rank order."""
     _check_tensor("output_tensor", "all_gather", output_tensor)
     _check_tensor("input_tensor", "all_gather", input_tensor)
-    rank, world_size = get_rank(), get_world_size()
+    ctx = current()
+    rank, world_size = ctx.rank, ctx.world_size
     if input_tensor.dtype != output_tensor.dtype:
         raise ValueError(
             f"rank {rank}: all_gather input {list(input_tensor.shape)} is {input_tensor.dtype} but output "
@@ -203,6 +207,7 @@ def all_gather_single(
         "all_gather", _dtype_name(input_tensor), tuple(input_tensor.shape), tuple(output_tensor.shape), tag=tag or ""
     )
     _run(
+        ctx,
         comm.ALL_GATHER,
         tag,
         call,
@@ -231,6 +236,7 @@ def broadcast(
     shape = tuple(tensor.shape)
     call = CollectiveCall("broadcast", _dtype_name(tensor), shape, shape, src=source, tag=tag or "")
     _run(
+        current(),
         comm.BROADCAST,
         tag,
         call,
@@ -247,7 +253,7 @@ def barrier(
 ) -> Work | None:
     """Wait until every rank has reached this point."""
     call = CollectiveCall("barrier", "", (), (), tag=tag or "")
-    _run(comm.BARRIER, tag, call, lambda backend: backend.barrier(call), 0, 1)
+    _run(current(), comm.BARRIER, tag, call, lambda backend: backend.barrier(call), 0, 1)
     return Work() if async_op else None
 
 

@@ -20,7 +20,7 @@ import argparse
 import os
 import signal
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -190,7 +190,7 @@ def save_runs(path: Path, backend: TorchBackend | FaultyBackend, reports: list[S
                 r.stage: {
                     "losses": r.losses,
                     "master_weights": r.master_weights,
-                    "ledgers": [[asdict(e) for e in rank.entries] for rank in r.ledger.ranks],
+                    "ledgers": [[e._asdict() for e in rank.entries] for rank in r.ledger.ranks],
                 }
                 for r in reports
             },

@@ -10,12 +10,13 @@ Activations are counted through `torch.autograd.graph.saved_tensors_hooks`, once
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
@@ -59,13 +60,19 @@ class MemoryEvent(NamedTuple):
     step: int
 
 
-@dataclass
+@dataclass(slots=True)
 class _Registration:
+    """One counted storage, and weak references to the tensors registered on it: it stays counted until
+    it is released, or until the last of those tensors is collected."""
+
     category: str
     nbytes: int
     padding_bytes: int
     label: str
-    live_refs: int
+    watches: list[weakref.ref] = field(default_factory=list)
+
+
+_KNOWN_CATEGORIES = frozenset(CATEGORIES)
 
 
 class MemoryTracker:
@@ -98,28 +105,24 @@ class MemoryTracker:
         a buffer divisible by N is reported, never hidden inside a model-state category. Registering a
         second view of an already registered storage counts nothing more.
         """
-        if category not in CATEGORIES:
+        if category not in _KNOWN_CATEGORIES:
             raise ValueError(f"unknown memory category {category!r}; use one of {CATEGORIES}")
         storage = tensor.untyped_storage()
         key = storage.data_ptr()
         nbytes = storage.nbytes()
-        padding_bytes = padding_elements * tensor.element_size()
+        padding_bytes = padding_elements * tensor.element_size() if padding_elements else 0
         if padding_bytes > nbytes:
             raise ValueError(
                 f"padding of {padding_bytes} bytes exceeds the buffer's {nbytes} bytes ({label or category})"
             )
         with self._lock:
             reg = self._live.get(key)
-            if reg is not None:
-                reg.live_refs += 1
-            elif nbytes > 0:
-                reg = self._live[key] = _Registration(category, nbytes, padding_bytes, label, 1)
-                self._change(category, nbytes - padding_bytes, label)
-                if padding_bytes:
-                    self._change(PADDING, padding_bytes, label)
-            else:
-                return tensor
-        weakref.finalize(tensor, self._drop_ref, key, reg)
+            if reg is None:
+                if nbytes == 0:
+                    return tensor
+                reg = self._live[key] = _Registration(category, nbytes, padding_bytes, label)
+                self._count(reg, 1)
+            reg.watches.append(weakref.ref(tensor, functools.partial(self._collected, key)))
         return tensor
 
     def release(self, tensor: torch.Tensor) -> None:
@@ -127,26 +130,38 @@ class MemoryTracker:
         with self._lock:
             reg = self._live.pop(self._key(tensor), None)
             if reg is not None:
-                self._uncount(reg)
+                self._count(reg, -1)
 
     def is_tracked(self, tensor: torch.Tensor) -> bool:
         with self._lock:
             return self._key(tensor) in self._live
 
-    def _drop_ref(self, key: int, reg: _Registration) -> None:
-        """A registered tensor was collected; `reg` guards against a later registration of the same address."""
-        with self._lock:
-            if self._live.get(key) is not reg:
-                return
-            reg.live_refs -= 1
-            if reg.live_refs == 0:
-                del self._live[key]
-                self._uncount(reg)
+    def _collected(self, key: int, watch: weakref.ref) -> None:
+        """A registered tensor was collected; the storage stops counting when no registered tensor is left.
 
-    def _uncount(self, reg: _Registration) -> None:
-        self._change(reg.category, -(reg.nbytes - reg.padding_bytes), reg.label)
+        A watch that is not among the registration's belongs to an earlier, released registration of a
+        buffer at the same address, and changes nothing.
+        """
+        with self._lock:
+            reg = self._live.get(key)
+            if reg is None:
+                return
+            for index, other in enumerate(reg.watches):
+                if other is watch:
+                    del reg.watches[index]
+                    break
+            else:
+                return
+            if not reg.watches:
+                del self._live[key]
+                self._count(reg, -1)
+
+    def _count(self, reg: _Registration, sign: int) -> None:
+        """Add (sign 1) or take away (sign -1) a buffer: its bytes under its category, its padding as padding."""
+        where = self._labels() if self.record_timeline else None
+        self._change(reg.category, sign * (reg.nbytes - reg.padding_bytes), reg.label, where)
         if reg.padding_bytes:
-            self._change(PADDING, -reg.padding_bytes, reg.label)
+            self._change(PADDING, sign * reg.padding_bytes, reg.label, where)
 
     def _labels(self) -> tuple[str, int]:
         """(phase, step) of the event: the rank context's when this is the calling rank's tracker."""
@@ -155,13 +170,16 @@ class MemoryTracker:
             return ctx.phase, ctx.step
         return self.phase, self.step
 
-    def _change(self, category: str, delta: int, label: str) -> None:
-        self._current[category] += delta
+    def _change(self, category: str, delta: int, label: str, where: tuple[str, int] | None) -> None:
+        """Apply one change; `where` (phase, step) labels its timeline event, `None` records none."""
+        now = self._current[category] = self._current[category] + delta
+        if now > self._peak[category]:
+            self._peak[category] = now
         self._total += delta
-        self._peak[category] = max(self._peak[category], self._current[category])
-        self._peak_total = max(self._peak_total, self._total)
-        if self.record_timeline:
-            phase, step = self._labels()
+        if self._total > self._peak_total:
+            self._peak_total = self._total
+        if where is not None:
+            phase, step = where
             self.timeline.append(
                 MemoryEvent(
                     len(self.timeline),

@@ -99,4 +99,4 @@ def unflatten(flat: torch.Tensor, shapes: list[torch.Size]) -> list[torch.Tensor
     if rest < 0:
         raise ValueError(f"shapes need {sum(sizes)} elements but the flat tensor has {flat.numel()}")
     pieces = flat.split_with_sizes([*sizes, rest])
-    return [piece.view(shape) for piece, shape in zip(pieces, shapes, strict=False)]
+    return [piece if len(shape) == 1 else piece.view(shape) for piece, shape in zip(pieces, shapes, strict=False)]

@@ -18,6 +18,12 @@ if TYPE_CHECKING:
     from zero_core.cluster import CollectiveCall, VirtualCluster
 
 
+def concatenate_in_rank_order(inputs: list[torch.Tensor]) -> torch.Tensor:
+    """The ranks' inputs end to end. They are contiguous and of one shape, so joining them along dim 0
+    lays out exactly the flattened inputs one after another (0-d inputs are stacked instead)."""
+    return torch.stack(inputs) if inputs[0].dim() == 0 else torch.cat(inputs)
+
+
 class VirtualBackend:
     """Rank `rank`'s side of a `VirtualCluster`'s rendezvous."""
 
@@ -33,16 +39,12 @@ class VirtualBackend:
         tensor.copy_(result)
 
     def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: ReduceOp, call: CollectiveCall) -> None:
-        result = self.cluster.exchange(
-            self.rank, call, input, lambda inputs: reduce_in_rank_order([t.reshape(-1) for t in inputs], op)
-        )
+        result = self.cluster.exchange(self.rank, call, input, lambda inputs: reduce_in_rank_order(inputs, op))
         n = output.numel()
-        output.copy_(result[self.rank * n : (self.rank + 1) * n].view(output.shape))
+        output.copy_(result.view(-1)[self.rank * n : (self.rank + 1) * n].view(output.shape))
 
     def all_gather(self, output: torch.Tensor, input: torch.Tensor, call: CollectiveCall) -> None:
-        result = self.cluster.exchange(
-            self.rank, call, input, lambda inputs: torch.cat([t.reshape(-1) for t in inputs])
-        )
+        result = self.cluster.exchange(self.rank, call, input, concatenate_in_rank_order)
         output.copy_(result.view(output.shape))
 
     def broadcast(self, tensor: torch.Tensor, src: int, call: CollectiveCall) -> None:

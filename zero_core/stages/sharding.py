@@ -35,20 +35,22 @@ class LayerShard:
             label=layer.name,
         )
         self.param: torch.Tensor | None = None
+        self.grad_tag = f"grad {layer.name}"
+        self.param_tag = f"param {layer.name}"
 
     def reduce_scatter_gradients(self, grads: list[torch.Tensor]) -> None:
         """Average this layer's local gradients over the ranks; keep only this rank's shard."""
         bucket = self.tracker.register(
             self.partition.pack(grads), memory.GRAD_BUCKET, padding_elements=self.partition.padding, label=self.name
         )
-        dist.reduce_scatter_single(self.grad, bucket, op=dist.ReduceOp.AVG, tag=f"grad {self.name}")
+        dist.reduce_scatter_single(self.grad, bucket, op=dist.ReduceOp.AVG, tag=self.grad_tag)
         self.tracker.release(bucket)
 
     def gather_parameters(self) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """All-gather the full parameters (ZeRO-3): the flat buffer to release, and weight/bias views of it."""
         flat = torch.empty(self.partition.padded_numel, dtype=self.dtype)
         self.tracker.register(flat, memory.GATHER, padding_elements=self.partition.padding, label=self.name)
-        dist.all_gather_single(flat, self.param, tag=f"param {self.name}")
+        dist.all_gather_single(flat, self.param, tag=self.param_tag)
         return flat, unflatten(flat, self.shapes)
 
     def release_parameters(self, flat: torch.Tensor) -> None:
