@@ -77,7 +77,7 @@ class FlatPartition:
             raise ValueError(
                 f"expected {self.numel} elements in all, got {total} in shapes {[list(t.shape) for t in tensors]}"
             )
-        pieces = [t.reshape(-1) for t in tensors]
+        pieces = [t if t.dim() == 1 else t.reshape(-1) for t in tensors]
         if self.padding:
             pieces.append(tensors[0].new_zeros(self.padding))
         return torch.cat(pieces)
