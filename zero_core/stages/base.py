@@ -144,7 +144,8 @@ class ZeroStage:
         raise NotImplementedError
 
     def store_parameters(self, layer: Layer, values: torch.Tensor) -> None:
-        """Write the updated low-precision values of the master range into the rank's parameters."""
+        """Write the updated fp32 `values` of the master range into the rank's low-precision parameters
+        (`copy_` rounds them to the parameters' dtype)."""
         raise NotImplementedError
 
     def publish_parameters(self) -> None:
@@ -175,9 +176,8 @@ class ZeroStage:
             return False
         self.adam_steps += 1
         self.update_masters(grad.float().div_(scale))
-        values = self.optimizer.master.to(self.dtype)
         for layer in self.layers:
-            self.store_parameters(layer, values[layer.master_slice])
+            self.store_parameters(layer, layer.master.master)
         self.zero_gradients()
         self.publish_parameters()
         return True
