@@ -10,7 +10,7 @@ of its pairs' ratios (every pair is printed). The floor is the median of its ste
 stage's step is the cluster's wall time per step over the steps between its first and last
 (`StageReport.typical_step_seconds`).
 
-    python benchmarks/bench_step.py [--world-size 32] [--steps 5] [--repeats 3] [--preset tiny]
+    python benchmarks/bench_step.py [--world-size 32] [--steps 5] [--repeats 3] [--preset tiny] [--stages 0,1,2,3]
 """
 
 from __future__ import annotations
@@ -71,7 +71,16 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=3, help="floor-and-stage pairs per stage (median)")
     parser.add_argument("--preset", default="tiny")
+    parser.add_argument("--stages", default="0,1,2,3", help="comma-separated stages to time (default: all four)")
     args = parser.parse_args()
+    try:
+        stages = [int(stage) for stage in args.stages.split(",")]
+    except ValueError:
+        parser.error(f"--stages takes stage numbers separated by commas, e.g. 0,3; got {args.stages!r}")
+    if not stages or any(stage not in range(4) for stage in stages):
+        parser.error(f"--stages takes stages 0 to 3, got {args.stages!r}")
+    if args.world_size < 1:
+        parser.error(f"--world-size must be at least 1, got {args.world_size}")
     if args.steps < 3 or args.repeats < 1:
         parser.error("--steps must be at least 3 (a timed step between the first and the last), --repeats at least 1")
     config = TrainConfig(model=preset(args.preset))
@@ -81,7 +90,7 @@ def main() -> None:
         f"{args.repeats} times"
     )
     worst = 0.0
-    for stage in range(4):
+    for stage in stages:
         ratios = []
         for _ in range(args.repeats):
             floor = floor_step_seconds(config, args.world_size, args.steps)
