@@ -33,8 +33,10 @@ def reduce_into_chunks(inputs: list[torch.Tensor], op: ReduceOp, shape: tuple[in
 class VirtualBackend:
     """Rank `rank`'s side of a `VirtualCluster`'s rendezvous.
 
-    The rank that completes a collective shapes the result once, so that each rank's part is one copy
-    into its output: a rank's own tensor calls cost far more with 32 threads than the arithmetic does.
+    The rank that completes a collective shapes the result once (gathered into the output's shape, or
+    reduced and cut into per-rank chunks), so that each rank takes its part with a single copy: with 32
+    rank threads, every tensor call a rank makes also costs it a turn at the interpreter lock, which
+    takes longer than a small copy itself.
     """
 
     name = "virtual"
