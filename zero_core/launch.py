@@ -237,6 +237,9 @@ def run(args: argparse.Namespace, env: TorchrunEnv, stages: list[int]) -> int:
         if args.save:
             save_runs(Path(args.save), backend, reports)
             print(f"\nwrote {args.save}")
+    # Every rank leaves together, once rank 0 has written its output (a barrier outside the ledger): a
+    # rank that tore down its gloo group while rank 0 still had it open was seen to abort at exit.
+    torch_dist.barrier()
     return 0
 
 
