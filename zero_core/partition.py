@@ -93,10 +93,17 @@ def flatten(tensors: list[torch.Tensor]) -> torch.Tensor:
 
 
 def unflatten(flat: torch.Tensor, shapes: list[torch.Size]) -> list[torch.Tensor]:
-    """Views of `flat` with the given shapes, in order (flat may be longer: padding is ignored)."""
+    """Views of `flat` with the given shapes, in order (flat may be longer: padding is ignored).
+
+    The pieces are cut by slicing: unlike `split` or `view`, slicing keeps the interpreter lock, and on
+    the virtual cluster every release of that lock is a chance for another rank thread to take the CPU.
+    """
     sizes = [shape.numel() for shape in shapes]
-    rest = flat.numel() - sum(sizes)
-    if rest < 0:
+    if sum(sizes) > flat.numel():
         raise ValueError(f"shapes need {sum(sizes)} elements but the flat tensor has {flat.numel()}")
-    pieces = flat.split_with_sizes([*sizes, rest])
-    return [piece if len(shape) == 1 else piece.view(shape) for piece, shape in zip(pieces, shapes, strict=False)]
+    views, offset = [], 0
+    for shape, size in zip(shapes, sizes, strict=True):
+        piece = flat[offset : offset + size]
+        views.append(piece if len(shape) == 1 else piece.view(shape))
+        offset += size
+    return views

@@ -3,12 +3,14 @@
 All four stages run the same algorithm (ZeRO §5: "ZeRO-DP ... retains the computational granularity
 and communication volume of DP"): forward, backward, average the gradients over the ranks, one Adam step
 on fp32 master weights, fp16 parameters refreshed from them. A stage subclass decides only where the
-bytes live, by implementing four methods:
+bytes live, by implementing these methods:
 
 - `setup(model)`: register the buffers this rank keeps and swap in the stage's layers;
 - `sync_gradients()`: the collectives after backward (ZeRO-2/3 reduce inside backward instead);
 - `owned_gradients()`: for each layer, the averaged gradient of the elements this rank updates;
-- `publish_parameters()`: make the updated fp16 parameters available (ZeRO-1/2 all-gather them).
+- `owned_parameters()`: for each layer, the fp16 parameters those elements' updates are written to;
+- `publish_parameters()`: make the updated fp16 parameters available (ZeRO-1/2 all-gather them);
+- `zero_gradients()`: clear the gradients for the next step.
 
 The model's parameter layers (`model.parameter_layers`) are the unit of partitioning: each layer's
 weight and bias are flattened together and split by a `FlatPartition`. `ReplicatedStage` is the
@@ -143,9 +145,8 @@ class ZeroStage:
         """Per layer, the averaged, still loss-scaled gradient of the master range (low precision)."""
         raise NotImplementedError
 
-    def store_parameters(self, layer: Layer, values: torch.Tensor) -> None:
-        """Write the updated fp32 `values` of the master range into the rank's low-precision parameters
-        (`copy_` rounds them to the parameters' dtype)."""
+    def owned_parameters(self) -> list[torch.Tensor]:
+        """Per layer, the rank's low-precision parameters of the master range: where the update goes."""
         raise NotImplementedError
 
     def publish_parameters(self) -> None:
@@ -176,8 +177,10 @@ class ZeroStage:
             return False
         self.adam_steps += 1
         self.update_masters(grad.float().div_(scale))
-        for layer in self.layers:
-            self.store_parameters(layer, layer.master.master)
+        # One call copies every layer's fp32 masters into its parameters, rounding them to their dtype, as
+        # torch.optim's foreach mode does. On the virtual cluster every tensor call can cost a rank its
+        # turn at the interpreter lock, so one call beats one per layer.
+        torch._foreach_copy_(self.owned_parameters(), [layer.master.master for layer in self.layers])
         self.zero_gradients()
         self.publish_parameters()
         return True
@@ -269,5 +272,4 @@ class ReplicatedStage(ZeroStage):
             self.params[layer.name], self.grads[layer.name] = flat_param, flat_grad
 
     def zero_gradients(self) -> None:
-        for grad in self.grads.values():
-            grad.zero_()
+        torch._foreach_zero_(list(self.grads.values()))

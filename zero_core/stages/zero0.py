@@ -15,7 +15,7 @@ import torch
 
 from zero_core import dist
 from zero_core.optim import has_overflow
-from zero_core.stages.base import Layer, ReplicatedStage
+from zero_core.stages.base import ReplicatedStage
 
 
 class Zero0(ReplicatedStage):
@@ -34,5 +34,5 @@ class Zero0(ReplicatedStage):
         """Every rank holds the whole averaged gradient, so each decides alone, and all decide alike."""
         return has_overflow(grad)
 
-    def store_parameters(self, layer: Layer, values: torch.Tensor) -> None:
-        self.params[layer.name].copy_(values)
+    def owned_parameters(self) -> list[torch.Tensor]:
+        return [self.params[layer.name] for layer in self.layers]

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from zero_core import dist
-from zero_core.stages.base import Layer, ReplicatedStage
+from zero_core.stages.base import ReplicatedStage
 
 
 class Zero1(ReplicatedStage):
@@ -36,8 +36,8 @@ class Zero1(ReplicatedStage):
     def owned_gradients(self) -> list[torch.Tensor]:
         return [self.owned_slice(self.grads[layer.name], layer) for layer in self.layers]
 
-    def store_parameters(self, layer: Layer, values: torch.Tensor) -> None:
-        self.owned_slice(self.params[layer.name], layer).copy_(values)
+    def owned_parameters(self) -> list[torch.Tensor]:
+        return [self.owned_slice(self.params[layer.name], layer) for layer in self.layers]
 
     def publish_parameters(self) -> None:
         for layer in self.layers:

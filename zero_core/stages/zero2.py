@@ -131,5 +131,4 @@ class Zero2(Zero1):
         return self.shards[layer.name].grad[: layer.partition.owned_numel(self.rank)]
 
     def zero_gradients(self) -> None:
-        for shard in self.shards.values():
-            shard.grad.zero_()
+        torch._foreach_zero_([shard.grad for shard in self.shards.values()])

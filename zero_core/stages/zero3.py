@@ -17,7 +17,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from zero_core import memory
-from zero_core.stages.base import Layer
 from zero_core.stages.sharding import LayerShard, swap_module
 from zero_core.stages.zero2 import FunctionLayer, Zero2, extra_arguments
 
@@ -115,8 +114,8 @@ class Zero3(Zero2):
             )
             self.shards[layer.name] = shard
 
-    def store_parameters(self, layer: Layer, values: torch.Tensor) -> None:
-        self.shards[layer.name].param[: layer.partition.owned_numel(self.rank)].copy_(values)
+    def owned_parameters(self) -> list[torch.Tensor]:
+        return [self.shards[layer.name].param[: layer.partition.owned_numel(self.rank)] for layer in self.layers]
 
     def publish_parameters(self) -> None:
         """Nothing to publish: the next forward gathers each layer when it needs it."""
