@@ -5,10 +5,12 @@ from __future__ import annotations
 import pytest
 
 from zero_core import formulas, memory
+from zero_core.cluster import VirtualCluster
 from zero_core.experiment import run_stage
 from zero_core.model import build_model, parameter_layers, preset
 from zero_core.partition import FlatPartition
 from zero_core.stages import TrainConfig
+from zero_core.stages.zero3 import Zero3
 
 MICRO = TrainConfig(model=preset("micro"))
 ELEMENT_BYTES = 2
@@ -71,3 +73,25 @@ def test_zero3_gathers_never_overlap_in_time() -> None:
             live += 1 if event.delta_bytes > 0 else -1
             assert live <= 1, f"two layers' parameters were gathered at once (at {event.label})"
     assert live == 0
+
+
+def test_zero3_frees_the_memory_of_released_parameters() -> None:
+    """Release frees the gathered buffer itself, not only its count; a second gather before release fails."""
+
+    def train_then_gather_twice() -> tuple[list[int], str]:
+        trainer = Zero3(MICRO)
+        trainer.train_step(0)
+        freed = [shard.gathered.untyped_storage().nbytes() for shard in trainer.shards.values()]
+        shard = next(iter(trainer.shards.values()))
+        shard.gather_parameters()
+        try:
+            shard.gather_parameters()
+        except RuntimeError as error:
+            return freed, str(error)
+        finally:
+            shard.release_parameters()
+        return freed, ""
+
+    for freed, error in VirtualCluster(2).run(train_then_gather_twice):
+        assert freed == [0] * len(freed), "a released layer still holds its gathered parameters' memory"
+        assert "gathered twice" in error

@@ -5,6 +5,11 @@ in backward, packed into one transient bucket, reduce-scattered (mean) so that r
 shard, and the bucket is freed (ZeRO §5.2). Under ZeRO-3 a layer's full parameters exist only between
 an all-gather right before the layer runs and a release right after (ZeRO §5.3). `LayerShard` holds one
 rank's shards of one layer and does exactly these collectives, registering every buffer it allocates.
+
+The gathered parameters live in one flat tensor per layer whose memory exists only between gather and
+release: release shrinks its storage to nothing and the next gather grows it back, as FSDP2 does with
+its unsharded parameters (`alloc_storage` / `free_storage` in `torch.distributed.fsdp`). The tensor and
+its weight and bias views are made once, so a gather costs no new tensors, only the memory.
 """
 
 from __future__ import annotations
@@ -35,6 +40,10 @@ class LayerShard:
             label=layer.name,
         )
         self.param: torch.Tensor | None = None
+        self.gathered = torch.empty(layer.partition.padded_numel, dtype=dtype)
+        self.gathered_views = unflatten(self.gathered, layer.shapes)
+        self.gathered_bytes = self.gathered.untyped_storage().nbytes()
+        self.gathered.untyped_storage().resize_(0)  # no memory until ZeRO-3 gathers the parameters
         self.grad_tag = f"grad {layer.name}"
         self.param_tag = f"param {layer.name}"
 
@@ -46,16 +55,20 @@ class LayerShard:
         dist.reduce_scatter_single(self.grad, bucket, op=dist.ReduceOp.AVG, tag=self.grad_tag)
         self.tracker.release(bucket)
 
-    def gather_parameters(self) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """All-gather the full parameters (ZeRO-3): the flat buffer to release, and weight/bias views of it."""
-        flat = torch.empty(self.partition.padded_numel, dtype=self.dtype)
-        self.tracker.register(flat, memory.GATHER, padding_elements=self.partition.padding, label=self.name)
-        dist.all_gather_single(flat, self.param, tag=self.param_tag)
-        return flat, unflatten(flat, self.shapes)
+    def gather_parameters(self) -> list[torch.Tensor]:
+        """All-gather the full parameters (ZeRO-3); returns the weight (and bias) until `release_parameters`."""
+        storage = self.gathered.untyped_storage()
+        if storage.nbytes():
+            raise RuntimeError(f"{self.name}: parameters gathered twice; release them before gathering again")
+        storage.resize_(self.gathered_bytes)
+        self.tracker.register(self.gathered, memory.GATHER, padding_elements=self.partition.padding, label=self.name)
+        dist.all_gather_single(self.gathered, self.param, tag=self.param_tag)
+        return self.gathered_views
 
-    def release_parameters(self, flat: torch.Tensor) -> None:
-        """Forget the gathered parameters: from here on only the shard exists."""
-        self.tracker.release(flat)
+    def release_parameters(self) -> None:
+        """Forget the gathered parameters and free their memory: from here on only the shard exists."""
+        self.tracker.release(self.gathered)
+        self.gathered.untyped_storage().resize_(0)
 
 
 def swap_module(model: nn.Module, name: str, new: nn.Module) -> None:

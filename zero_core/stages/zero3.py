@@ -26,9 +26,9 @@ class GatherLinear(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, param_shard: torch.Tensor, shard: LayerShard) -> torch.Tensor:
-        flat, (weight, bias) = shard.gather_parameters()
+        weight, bias = shard.gather_parameters()
         y = F.linear(x, weight, bias)
-        shard.release_parameters(flat)
+        shard.release_parameters()
         ctx.save_for_backward(x)
         ctx.shard = shard
         return y
@@ -36,9 +36,9 @@ class GatherLinear(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):
         (x,) = ctx.saved_tensors
-        flat, (weight, _) = ctx.shard.gather_parameters()
+        weight, _ = ctx.shard.gather_parameters()
         grad_x = grad_out @ weight if ctx.needs_input_grad[0] else None
-        ctx.shard.release_parameters(flat)
+        ctx.shard.release_parameters()
         grad_out_2d = grad_out.reshape(-1, grad_out.size(-1))
         x_2d = x.reshape(-1, x.size(-1))
         ctx.shard.reduce_scatter_gradients([grad_out_2d.T @ x_2d, grad_out_2d.sum(0)])
@@ -55,9 +55,9 @@ class GatherEmbedding(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, ids: torch.Tensor, param_shard: torch.Tensor, shard: LayerShard) -> torch.Tensor:
-        flat, (weight,) = shard.gather_parameters()
+        (weight,) = shard.gather_parameters()
         y = F.embedding(ids, weight)
-        shard.release_parameters(flat)
+        shard.release_parameters()
         ctx.save_for_backward(ids)
         ctx.shard = shard
         return y
@@ -65,9 +65,9 @@ class GatherEmbedding(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):
         (ids,) = ctx.saved_tensors
-        flat, (weight,) = ctx.shard.gather_parameters()
+        (weight,) = ctx.shard.gather_parameters()
         grad_weight = torch.ops.aten.embedding_dense_backward(grad_out, ids, weight.size(0), -1, False)
-        ctx.shard.release_parameters(flat)
+        ctx.shard.release_parameters()
         ctx.shard.reduce_scatter_gradients([grad_weight])
         return None, None, None
 
@@ -77,9 +77,9 @@ class GatherLayerNorm(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, param_shard: torch.Tensor, shard: LayerShard, eps: float) -> torch.Tensor:
-        flat, (weight, bias) = shard.gather_parameters()
+        weight, bias = shard.gather_parameters()
         y, mean, rstd = torch.ops.aten.native_layer_norm(x, list(weight.shape), weight, bias, eps)
-        shard.release_parameters(flat)
+        shard.release_parameters()
         ctx.save_for_backward(x, mean, rstd)
         ctx.shard = shard
         return y
@@ -87,11 +87,11 @@ class GatherLayerNorm(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):
         x, mean, rstd = ctx.saved_tensors
-        flat, (weight, bias) = ctx.shard.gather_parameters()
+        weight, bias = ctx.shard.gather_parameters()
         grad_x, grad_weight, grad_bias = torch.ops.aten.native_layer_norm_backward(
             grad_out, x, list(weight.shape), mean, rstd, weight, bias, [ctx.needs_input_grad[0], True, True]
         )
-        ctx.shard.release_parameters(flat)
+        ctx.shard.release_parameters()
         ctx.shard.reduce_scatter_gradients([grad_weight, grad_bias])
         return grad_x, None, None, None
 
