@@ -31,7 +31,6 @@ class LayerShard:
         self.partition = layer.partition
         self.rank = rank
         self.tracker = tracker
-        self.dtype = dtype
         chunk = layer.partition.chunk_numel
         self.grad = tracker.register(
             torch.zeros(chunk, dtype=dtype),
