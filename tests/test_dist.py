@@ -9,7 +9,7 @@ import torch
 import torch.distributed
 
 from zero_core import dist
-from zero_core.cluster import RankFailed, VirtualCluster
+from zero_core.cluster import CollectiveDeadlock, CollectiveTimeout, RankFailed, VirtualCluster
 
 WORLD_SIZES = [1, 2, 3, 7, 32]
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -205,12 +205,94 @@ def test_the_older_torch_names_are_aliases_that_warn_nothing(recwarn):
     assert len(recwarn) == 0
 
 
-def test_async_op_returns_a_completed_work_handle():
-    def fn():
-        work = dist.all_reduce(torch.ones(2), async_op=True)
-        return work.is_completed(), work.wait(), dist.barrier()
+def test_an_async_reduce_scatter_lets_the_rank_run_on_and_fills_the_output_when_waited_for():
+    inputs = rank_inputs(3, 6, torch.float32)
 
-    assert VirtualCluster(2).run(fn) == [(True, True, None)] * 2
+    def fn():
+        rank = dist.get_rank()
+        if rank == 2:
+            time.sleep(0.3)  # the last to arrive, long after the others have started
+        output = torch.full((2,), -1.0)
+        work = dist.reduce_scatter_single(output, inputs[rank], async_op=True)
+        returned = time.monotonic()
+        before_wait = output.clone(), work.is_completed()
+        assert work.wait() is True
+        work.wait()  # a second wait does nothing
+        return returned, before_wait, output, work.is_completed()
+
+    started = time.monotonic()
+    results = VirtualCluster(3).run(fn)
+    expected = expected_reduction(inputs, dist.ReduceOp.SUM).view(3, 2)
+    for rank, (_, (before, completed_before), output, completed_after) in enumerate(results):
+        assert torch.equal(before, torch.full((2,), -1.0)) and not completed_before
+        assert torch.equal(output, expected[rank]) and completed_after
+    assert results[0][0] - started < 0.2 and results[1][0] - started < 0.2, "an async call waited for rank 2"
+
+
+def test_an_async_collective_keeps_its_place_in_the_ledger_and_counts_the_wait():
+    def fn():
+        if dist.get_rank() == 0:
+            time.sleep(0.3)
+        work = dist.reduce_scatter_single(torch.empty(1), torch.ones(2), async_op=True, tag="grad a")
+        work.wait()  # rank 1 waits here for rank 0
+        dist.all_reduce(torch.ones(1), tag="grad b")
+
+    cluster = VirtualCluster(2)
+    cluster.run(fn)
+    for rank in (0, 1):
+        assert [e.tag for e in cluster.ledger.ranks[rank].entries] == ["grad a", "grad b"]
+    assert cluster.ledger.ranks[1].entries[0].seconds >= 0.25
+
+
+def test_a_rank_waiting_for_an_async_collective_another_rank_skips_gets_a_deadlock_error():
+    def fn():
+        if dist.get_rank() == 1:
+            time.sleep(0.5)
+            return
+        work = dist.reduce_scatter_single(torch.empty(1), torch.ones(2), async_op=True, tag="grad blocks.0")
+        work.wait()
+
+    with pytest.raises(CollectiveDeadlock, match=r"rank 1 returned without calling reduce_scatter #0"):
+        VirtualCluster(2, timeout_s=10.0).run(fn)
+
+
+def test_waiting_for_an_async_collective_that_does_not_complete_times_out_naming_it():
+    def fn():
+        if dist.get_rank() == 1:
+            time.sleep(2.0)
+        work = dist.reduce_scatter_single(torch.empty(1), torch.ones(2), async_op=True, tag="grad blocks.0")
+        work.wait()
+
+    started = time.monotonic()
+    with pytest.raises(CollectiveTimeout, match=r"rank 0: waiting in reduce_scatter #0 tag='grad blocks.0'"):
+        VirtualCluster(2, timeout_s=0.5).run(fn)
+    assert time.monotonic() - started < 5.0
+
+
+@pytest.mark.parametrize("async_op", [False, True])
+def test_every_collective_gives_the_same_result_with_or_without_async_op(async_op):
+    def fn():
+        rank = dist.get_rank()
+        full, shard, gathered = torch.full((3,), float(rank + 1)), torch.empty(1), torch.empty(3)
+        works = [
+            dist.all_reduce(full, async_op=async_op),
+            dist.reduce_scatter_single(shard, torch.arange(3.0), async_op=async_op),
+            dist.all_gather_single(gathered, torch.tensor([float(rank)]), async_op=async_op),
+            dist.broadcast(src_tensor := torch.tensor([float(rank)]), src=2, async_op=async_op),
+            dist.barrier(async_op=async_op),
+        ]
+        for work in works:
+            if async_op:
+                work.wait()
+            else:
+                assert work is None
+        return full, shard, gathered, src_tensor
+
+    for rank, (full, shard, gathered, src_tensor) in enumerate(VirtualCluster(3).run(fn)):
+        assert torch.equal(full, torch.full((3,), 6.0))
+        assert torch.equal(shard, torch.tensor([3.0 * rank]))
+        assert torch.equal(gathered, torch.tensor([0.0, 1.0, 2.0]))
+        assert torch.equal(src_tensor, torch.tensor([2.0]))
 
 
 def test_the_tag_labels_the_ledger_entry_and_defaults_to_the_op():

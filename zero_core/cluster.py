@@ -85,7 +85,7 @@ class RankAborted(BaseException):
 class CollectiveCall:
     """What a rank asked for: ranks must agree on everything here except `tag` and `seq`.
 
-    `exchange` stamps `seq`, the call's position in the rank's sequence of collectives.
+    `VirtualCluster.arrive` stamps `seq`, the call's position in the rank's sequence of collectives.
     """
 
     op: str
@@ -152,6 +152,8 @@ class _Rendezvous:
         self.done = False
         self.done_at = 0.0
         self.result: Any = None
+        self.waiters: list[int] = []
+        """The ranks asleep until it completes (a rank that arrived without waiting is not among them)."""
 
 
 class VirtualCluster:
@@ -406,11 +408,13 @@ class VirtualCluster:
 
     # -- collectives -------------------------------------------------------------------------------
 
-    def exchange(self, rank: int, call: CollectiveCall, payload: Any, combine: Callable[[list[Any]], Any]) -> Any:
-        """Meet the other ranks in `call`; the last to arrive runs `combine(payloads in rank order)` once.
+    def arrive(self, rank: int, call: CollectiveCall, payload: Any, combine: Callable[[list[Any]], Any]) -> _Rendezvous:
+        """Hand `payload` to the collective `call`; the last rank to arrive runs `combine` once.
 
-        Every rank gets the same result object back and must treat it as read-only. A rank that is not
-        the last gives up its turn on the CPU while it waits, and gets one back before it goes on.
+        `combine` gets the payloads in rank order, and its return value is the collective's result,
+        which `result` hands out. Arriving never waits: a blocking collective calls `result` at once,
+        an `async_op=True` one when its `Work` is waited on. Until then the rank runs its own code, and
+        must leave its payload as it is.
         """
         with self._lock:
             self._raise_if_failed()
@@ -441,12 +445,24 @@ class VirtualCluster:
                 meeting.done = True
                 meeting.done_at = time.monotonic()
                 del self._pending[seq]
-                for other in range(self.world_size):
-                    if other != rank:
-                        self._waiting[other] = None
-                        self._grant_slot(other)
+                for waiter in meeting.waiters:
+                    self._waiting[waiter] = None
+                    self._grant_slot(waiter)
+                meeting.waiters = []
+        return meeting
+
+    def result(self, rank: int, meeting: _Rendezvous) -> Any:
+        """`meeting`'s result, once every rank has arrived. Every rank gets the same object: read-only.
+
+        A rank whose collective is not complete yet gives up its turn on the CPU while it waits, and
+        gets one back before it goes on.
+        """
+        with self._lock:
+            self._raise_if_failed()
+            if meeting.done:
                 return meeting.result
-            self._waiting[rank] = call
+            meeting.waiters.append(rank)
+            self._waiting[rank] = meeting.calls[rank]
             self._park(rank)
             self._pass_slot(rank)
         self._wait_for_turn(rank, meeting)

@@ -77,7 +77,10 @@ class CommEntry(NamedTuple):
 
     A named tuple of plain values: every rank records one per collective, dozens per step, and a tuple
     is the cheapest immutable record to make. `started_s` is `time.perf_counter()` when the rank entered
-    the collective (absolute; for timelines and traces).
+    the collective (absolute; for timelines and traces). `seconds` is all the time the rank spent in it.
+    An `async_op` collective is two intervals: its start, and the wait for it in `Work.wait()`, which
+    began at `wait_started_s` and took `waited_s` of the `seconds` (zero for a blocking collective).
+    Between the two the rank ran its own code: the collective was in flight, but not holding it up.
     """
 
     seq: int
@@ -92,6 +95,8 @@ class CommEntry(NamedTuple):
     phase: str
     seconds: float
     started_s: float = 0.0
+    wait_started_s: float = 0.0
+    waited_s: float = 0.0
 
     @property
     def elements_sent(self) -> float:
@@ -137,6 +142,11 @@ class RankLedger:
         )
         self.entries.append(entry)
         return entry
+
+    def record_wait(self, seq: int, started_s: float, seconds: float) -> None:
+        """Add the wait for an `async_op` collective to the entry made when it started."""
+        entry = self.entries[seq]
+        self.entries[seq] = entry._replace(seconds=entry.seconds + seconds, wait_started_s=started_s, waited_s=seconds)
 
 
 @dataclass

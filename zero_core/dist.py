@@ -27,8 +27,9 @@ from typing import Any
 import torch
 
 from zero_core import comm
-from zero_core.backends.base import ReduceOp, reduce_in_rank_order
+from zero_core.backends.base import Finish, ReduceOp, reduce_in_rank_order
 from zero_core.cluster import CollectiveCall
+from zero_core.comm import RankLedger
 from zero_core.context import RankContext, current, maybe_current
 
 __all__ = [
@@ -49,13 +50,29 @@ __all__ = [
 
 
 class Work:
-    """A finished collective, for code written with `async_op=True` (every backend here is synchronous)."""
+    """A collective started with `async_op=True`: `wait()` completes it on this rank, as in `torch.distributed`.
+
+    Until `wait()` returns, the output holds nothing yet and the input must stay as it is. The ledger
+    entry is made when the collective starts, so that it keeps its place in the rank's sequence, and
+    `wait()` adds its own interval to it (`CommEntry.waited_s`): the time the rank was held up, not the
+    time the collective was in flight.
+    """
+
+    def __init__(self, finish: Finish, ledger: RankLedger, entry_index: int) -> None:
+        self._finish: Finish | None = finish
+        self._ledger = ledger
+        self._entry_index = entry_index
 
     def wait(self, timeout: Any = None) -> bool:
+        if self._finish is not None:
+            started = time.perf_counter()
+            self._finish()
+            self._finish = None
+            self._ledger.record_wait(self._entry_index, started, time.perf_counter() - started)
         return True
 
     def is_completed(self) -> bool:
-        return True
+        return self._finish is None
 
 
 def is_initialized() -> bool:
@@ -93,15 +110,20 @@ def _run(
     op: str,
     tag: str | None,
     call: CollectiveCall,
-    move: Callable[[Any], None],
+    start: Callable[[Any], Finish],
     full_bytes: int,
     element_size: int,
+    async_op: bool,
     src: int = 0,
-) -> None:
-    """`move(backend)` moves the data; the ledger records the collective with its ring bytes and duration."""
+) -> Work | None:
+    """`start(backend)` starts moving the data; the ledger records the collective with its ring bytes and
+    the time this rank spent in it. A blocking call finishes here; an `async_op` one when its Work is waited on.
+    """
     started = time.perf_counter()
-    move(ctx.backend)
-    ctx.ledger.record(
+    finish = start(ctx.backend)
+    if not async_op:
+        finish()
+    entry = ctx.ledger.record(
         op,
         tag=tag or op,
         dtype=call.dtype,
@@ -113,6 +135,7 @@ def _run(
         src=src,
         started_s=started,
     )
+    return Work(finish, ctx.ledger, entry.seq) if async_op else None
 
 
 def _dtype_name(tensor: torch.Tensor) -> str:
@@ -127,7 +150,7 @@ def all_reduce(
     reduce_op = _reduce_op(op)
     shape = tuple(tensor.shape)
     call = CollectiveCall("all_reduce", _dtype_name(tensor), shape, shape, reduce_op.name, tag=tag or "")
-    _run(
+    return _run(
         current(),
         comm.ALL_REDUCE,
         tag,
@@ -135,8 +158,8 @@ def all_reduce(
         lambda backend: backend.all_reduce(tensor, reduce_op, call),
         tensor.numel() * tensor.element_size(),
         tensor.element_size(),
+        async_op,
     )
-    return Work() if async_op else None
 
 
 def reduce_scatter_single(
@@ -168,7 +191,7 @@ def reduce_scatter_single(
     call = CollectiveCall(
         "reduce_scatter", _dtype_name(input), tuple(input.shape), tuple(output.shape), reduce_op.name, tag=tag or ""
     )
-    _run(
+    return _run(
         ctx,
         comm.REDUCE_SCATTER,
         tag,
@@ -176,8 +199,8 @@ def reduce_scatter_single(
         lambda backend: backend.reduce_scatter(output, input, reduce_op, call),
         input.numel() * input.element_size(),
         input.element_size(),
+        async_op,
     )
-    return Work() if async_op else None
 
 
 def all_gather_single(
@@ -206,7 +229,7 @@ def all_gather_single(
     call = CollectiveCall(
         "all_gather", _dtype_name(input_tensor), tuple(input_tensor.shape), tuple(output_tensor.shape), tag=tag or ""
     )
-    _run(
+    return _run(
         ctx,
         comm.ALL_GATHER,
         tag,
@@ -214,8 +237,8 @@ def all_gather_single(
         lambda backend: backend.all_gather(output_tensor, input_tensor, call),
         output_tensor.numel() * output_tensor.element_size(),
         output_tensor.element_size(),
+        async_op,
     )
-    return Work() if async_op else None
 
 
 def broadcast(
@@ -235,7 +258,7 @@ def broadcast(
         raise ValueError(f"rank {get_rank()}: broadcast needs src in 0..{world_size - 1}, got {source}")
     shape = tuple(tensor.shape)
     call = CollectiveCall("broadcast", _dtype_name(tensor), shape, shape, src=source, tag=tag or "")
-    _run(
+    return _run(
         current(),
         comm.BROADCAST,
         tag,
@@ -243,9 +266,9 @@ def broadcast(
         lambda backend: backend.broadcast(tensor, source, call),
         tensor.numel() * tensor.element_size(),
         tensor.element_size(),
+        async_op,
         src=source,
     )
-    return Work() if async_op else None
 
 
 def barrier(
@@ -253,8 +276,7 @@ def barrier(
 ) -> Work | None:
     """Wait until every rank has reached this point."""
     call = CollectiveCall("barrier", "", (), (), tag=tag or "")
-    _run(current(), comm.BARRIER, tag, call, lambda backend: backend.barrier(call), 0, 1)
-    return Work() if async_op else None
+    return _run(current(), comm.BARRIER, tag, call, lambda backend: backend.barrier(call), 0, 1, async_op)
 
 
 reduce_scatter_tensor = reduce_scatter_single

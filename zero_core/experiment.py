@@ -171,7 +171,8 @@ def fenced_steps(steps: int) -> list[int]:
 
 def _fence() -> None:
     """Wait for every rank, outside the ledger: a barrier of the measurement, not of the training."""
-    current().backend.barrier(CollectiveCall("barrier", "", (), (), tag="fence between measured steps"))
+    finish = current().backend.barrier(CollectiveCall("barrier", "", (), (), tag="fence between measured steps"))
+    finish()
 
 
 def cluster_step_seconds(steps: int, results: Sequence[RankResult], *, shared_clock: bool = True) -> float:

@@ -13,7 +13,8 @@ and `ReduceOp.AVG` is the fp32 sum divided by N once, then cast back to the tens
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -30,25 +31,33 @@ class ReduceOp(enum.Enum):
     MIN = "min"
 
 
+Finish = Callable[[], Any]
+"""Completes a started collective on this rank: blocks until the result is in the output tensor."""
+
+
 class Backend(Protocol):
     """Moves one rank's data in a collective. Arguments are already checked; `call` describes the collective.
 
-    Every method blocks until this rank's part is done and leaves the result in the output tensor.
+    Every method starts this rank's part and returns its `Finish`. `zero_core.dist` calls it at once for
+    a blocking collective, or when the caller waits on the `Work` of an `async_op=True` one: until then
+    the rank runs on, and must leave the input and output tensors alone.
     """
 
     name: str
     rank: int
     world_size: int
 
-    def all_reduce(self, tensor: torch.Tensor, op: ReduceOp, call: CollectiveCall) -> None: ...
+    def all_reduce(self, tensor: torch.Tensor, op: ReduceOp, call: CollectiveCall) -> Finish: ...
 
-    def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: ReduceOp, call: CollectiveCall) -> None: ...
+    def reduce_scatter(
+        self, output: torch.Tensor, input: torch.Tensor, op: ReduceOp, call: CollectiveCall
+    ) -> Finish: ...
 
-    def all_gather(self, output: torch.Tensor, input: torch.Tensor, call: CollectiveCall) -> None: ...
+    def all_gather(self, output: torch.Tensor, input: torch.Tensor, call: CollectiveCall) -> Finish: ...
 
-    def broadcast(self, tensor: torch.Tensor, src: int, call: CollectiveCall) -> None: ...
+    def broadcast(self, tensor: torch.Tensor, src: int, call: CollectiveCall) -> Finish: ...
 
-    def barrier(self, call: CollectiveCall) -> None: ...
+    def barrier(self, call: CollectiveCall) -> Finish: ...
 
 
 def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:

@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from zero_core.backends.base import Backend, ReduceOp
+from zero_core.backends.base import Backend, Finish, ReduceOp
 from zero_core.cluster import CollectiveCall
 from zero_core.context import current
 
@@ -45,22 +45,22 @@ class FaultyBackend:
             os._exit(EXIT_CODE)
         time.sleep(HANG_S)
 
-    def all_reduce(self, tensor: torch.Tensor, op: ReduceOp, call: CollectiveCall) -> None:
+    def all_reduce(self, tensor: torch.Tensor, op: ReduceOp, call: CollectiveCall) -> Finish:
         self._maybe_fail()
-        self.inner.all_reduce(tensor, op, call)
+        return self.inner.all_reduce(tensor, op, call)
 
-    def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: ReduceOp, call: CollectiveCall) -> None:
+    def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: ReduceOp, call: CollectiveCall) -> Finish:
         self._maybe_fail()
-        self.inner.reduce_scatter(output, input, op, call)
+        return self.inner.reduce_scatter(output, input, op, call)
 
-    def all_gather(self, output: torch.Tensor, input: torch.Tensor, call: CollectiveCall) -> None:
+    def all_gather(self, output: torch.Tensor, input: torch.Tensor, call: CollectiveCall) -> Finish:
         self._maybe_fail()
-        self.inner.all_gather(output, input, call)
+        return self.inner.all_gather(output, input, call)
 
-    def broadcast(self, tensor: torch.Tensor, src: int, call: CollectiveCall) -> None:
+    def broadcast(self, tensor: torch.Tensor, src: int, call: CollectiveCall) -> Finish:
         self._maybe_fail()
-        self.inner.broadcast(tensor, src, call)
+        return self.inner.broadcast(tensor, src, call)
 
-    def barrier(self, call: CollectiveCall) -> None:
+    def barrier(self, call: CollectiveCall) -> Finish:
         self._maybe_fail()
-        self.inner.barrier(call)
+        return self.inner.barrier(call)

@@ -37,7 +37,7 @@ import torch
 import torch.distributed as torch_dist
 from torch.utils._python_dispatch import _disable_current_modes as _interconnect
 
-from zero_core.backends.base import ReduceOp, accumulation_dtype, divide_by_world_size
+from zero_core.backends.base import Finish, ReduceOp, accumulation_dtype, divide_by_world_size
 from zero_core.cluster import CollectiveCall
 from zero_core.comm import RankLedger
 from zero_core.context import RankContext
@@ -85,57 +85,80 @@ class TorchBackend:
     def wire_dtype(self, dtype: torch.dtype, *, reduction: bool) -> torch.dtype:
         return wire_dtype(dtype, reduction=reduction, upcast=self.upcast_reductions)
 
-    def all_reduce(self, tensor: torch.Tensor, op: ReduceOp, call: CollectiveCall) -> None:
+    def all_reduce(self, tensor: torch.Tensor, op: ReduceOp, call: CollectiveCall) -> Finish:
         with _interconnect():
             wire = tensor.to(self.device, self.wire_dtype(tensor.dtype, reduction=True))
-            self._call(call, torch_dist.all_reduce, wire, op=TORCH_OPS[op], group=self.group)
-            self._finish(tensor, wire, op)
+            work = self._start(call, torch_dist.all_reduce, wire, op=TORCH_OPS[op], group=self.group)
+        return self._finisher(call, work, tensor, wire, op)
 
-    def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: ReduceOp, call: CollectiveCall) -> None:
+    def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: ReduceOp, call: CollectiveCall) -> Finish:
         with _interconnect():
             dtype = self.wire_dtype(input.dtype, reduction=True)
             wire_in = input.reshape(-1).to(self.device, dtype)
             wire_out = output.reshape(-1).to(self.device, dtype)
-            self._call(call, torch_dist.reduce_scatter_single, wire_out, wire_in, op=TORCH_OPS[op], group=self.group)
-            self._finish(output.view(-1), wire_out, op)
+            work = self._start(
+                call, torch_dist.reduce_scatter_single, wire_out, wire_in, op=TORCH_OPS[op], group=self.group
+            )
+        return self._finisher(call, work, output.view(-1), wire_out, op)
 
-    def all_gather(self, output: torch.Tensor, input: torch.Tensor, call: CollectiveCall) -> None:
+    def all_gather(self, output: torch.Tensor, input: torch.Tensor, call: CollectiveCall) -> Finish:
         with _interconnect():
             wire_out = output.reshape(-1).to(self.device)
-            self._call(
+            work = self._start(
                 call, torch_dist.all_gather_single, wire_out, input.reshape(-1).to(self.device), group=self.group
             )
-            self._finish(output.view(-1), wire_out, None)
+        return self._finisher(call, work, output.view(-1), wire_out, None)
 
-    def broadcast(self, tensor: torch.Tensor, src: int, call: CollectiveCall) -> None:
+    def broadcast(self, tensor: torch.Tensor, src: int, call: CollectiveCall) -> Finish:
         with _interconnect():
             wire = tensor.to(self.device)
-            self._call(call, torch_dist.broadcast, wire, group=self.group, group_src=src)
-            self._finish(tensor, wire, None)
+            work = self._start(call, torch_dist.broadcast, wire, group=self.group, group_src=src)
+        return self._finisher(call, work, tensor, wire, None)
 
-    def barrier(self, call: CollectiveCall) -> None:
+    def barrier(self, call: CollectiveCall) -> Finish:
         device_ids = [self.device.index] if self.name == "nccl" else None
-        self._call(call, torch_dist.barrier, group=self.group, device_ids=device_ids)
+        work = self._start(call, torch_dist.barrier, group=self.group, device_ids=device_ids)
+        return lambda: self._wait(call, work)
 
-    def _finish(self, tensor: torch.Tensor, wire: torch.Tensor, op: ReduceOp | None) -> None:
-        """AVG's division, then the result back into the caller's tensor (one cast, as on the virtual cluster)."""
-        if op == ReduceOp.AVG:
-            wire = divide_by_world_size(wire, self.world_size)
-        if wire.data_ptr() != tensor.data_ptr() or wire.dtype != tensor.dtype or wire.device != tensor.device:
-            tensor.copy_(wire)
+    def _finisher(
+        self, call: CollectiveCall, work: Any, tensor: torch.Tensor, wire: torch.Tensor, op: ReduceOp | None
+    ) -> Finish:
+        """Wait for the process group, then AVG's division and the result back into the caller's tensor
+        (one cast, as on the virtual cluster)."""
 
-    def _call(self, call: CollectiveCall, collective: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
-        """Run one torch.distributed collective; a transport failure becomes a `CollectiveFailed` naming it."""
+        def finish() -> None:
+            self._wait(call, work)
+            with _interconnect():
+                result = divide_by_world_size(wire, self.world_size) if op == ReduceOp.AVG else wire
+                if result.data_ptr() != tensor.data_ptr() or (result.dtype, result.device) != (
+                    tensor.dtype,
+                    tensor.device,
+                ):
+                    tensor.copy_(result)
+
+        return finish
+
+    def _start(self, call: CollectiveCall, collective: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Start one torch.distributed collective (`async_op=True`); a transport failure becomes `CollectiveFailed`."""
         call.seq = self._next_seq
         self._next_seq += 1
         try:
-            collective(*args, **kwargs)
+            return collective(*args, async_op=True, **kwargs)
         except RuntimeError as error:
-            raise CollectiveFailed(
-                f"rank {self.rank}: {call.describe()} failed in the {self.name} process group "
-                f"({error_gist(error)}). Another rank has most likely died or stopped responding; "
-                "its own error, if any, is above"
-            ) from error
+            raise self._failed(call, error) from error
+
+    def _wait(self, call: CollectiveCall, work: Any) -> None:
+        try:
+            work.wait()
+        except RuntimeError as error:
+            raise self._failed(call, error) from error
+
+    def _failed(self, call: CollectiveCall, error: RuntimeError) -> CollectiveFailed:
+        return CollectiveFailed(
+            f"rank {self.rank}: {call.describe()} failed in the {self.name} process group "
+            f"({error_gist(error)}). Another rank has most likely died or stopped responding; "
+            "its own error, if any, is above"
+        )
 
 
 def error_gist(error: BaseException) -> str:

@@ -1,9 +1,11 @@
 """The virtual cluster's backend: a collective is a rendezvous of rank threads, combined once in rank order.
 
-Each rank thread hands its input to `VirtualCluster.exchange`; the last rank to arrive combines all the
+Each rank thread hands its input to `VirtualCluster.arrive`; the last rank to arrive combines all the
 inputs once (a sum in rank order 0, 1, ..., N-1 with fp32 accumulation, or a concatenation), and every
-rank copies out its part. Summing in one fixed order is what makes an all-reduce followed by taking a
-slice bit-for-bit equal to a reduce-scatter, so that every ZeRO stage trains to the same weights.
+rank copies out its part from `VirtualCluster.result`: at once in a blocking collective, when its
+`Work` is waited on in an `async_op=True` one. Summing in one fixed order is what makes an all-reduce
+followed by taking a slice bit-for-bit equal to a reduce-scatter, so that every ZeRO stage trains to
+the same weights.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from zero_core.backends.base import ReduceOp, reduce_in_rank_order
+from zero_core.backends.base import Finish, ReduceOp, reduce_in_rank_order
 
 if TYPE_CHECKING:
     from zero_core.cluster import CollectiveCall, VirtualCluster
@@ -46,24 +48,26 @@ class VirtualBackend:
         self.rank = rank
         self.world_size = cluster.world_size
 
-    def all_reduce(self, tensor: torch.Tensor, op: ReduceOp, call: CollectiveCall) -> None:
-        result = self.cluster.exchange(self.rank, call, tensor, lambda inputs: reduce_in_rank_order(inputs, op))
-        tensor.copy_(result)
+    def all_reduce(self, tensor: torch.Tensor, op: ReduceOp, call: CollectiveCall) -> Finish:
+        meeting = self.cluster.arrive(self.rank, call, tensor, lambda inputs: reduce_in_rank_order(inputs, op))
+        return lambda: tensor.copy_(self.cluster.result(self.rank, meeting))
 
-    def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: ReduceOp, call: CollectiveCall) -> None:
-        chunks = self.cluster.exchange(
+    def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: ReduceOp, call: CollectiveCall) -> Finish:
+        meeting = self.cluster.arrive(
             self.rank, call, input, lambda inputs: reduce_into_chunks(inputs, op, call.output_shape)
         )
-        output.copy_(chunks[self.rank])
+        return lambda: output.copy_(self.cluster.result(self.rank, meeting)[self.rank])
 
-    def all_gather(self, output: torch.Tensor, input: torch.Tensor, call: CollectiveCall) -> None:
-        result = self.cluster.exchange(
+    def all_gather(self, output: torch.Tensor, input: torch.Tensor, call: CollectiveCall) -> Finish:
+        meeting = self.cluster.arrive(
             self.rank, call, input, lambda inputs: concatenate_in_rank_order(inputs, call.output_shape)
         )
-        output.copy_(result)
+        return lambda: output.copy_(self.cluster.result(self.rank, meeting))
 
-    def broadcast(self, tensor: torch.Tensor, src: int, call: CollectiveCall) -> None:
-        tensor.copy_(self.cluster.exchange(self.rank, call, tensor, lambda inputs: inputs[src].clone()))
+    def broadcast(self, tensor: torch.Tensor, src: int, call: CollectiveCall) -> Finish:
+        meeting = self.cluster.arrive(self.rank, call, tensor, lambda inputs: inputs[src].clone())
+        return lambda: tensor.copy_(self.cluster.result(self.rank, meeting))
 
-    def barrier(self, call: CollectiveCall) -> None:
-        self.cluster.exchange(self.rank, call, None, lambda inputs: None)
+    def barrier(self, call: CollectiveCall) -> Finish:
+        meeting = self.cluster.arrive(self.rank, call, None, lambda inputs: None)
+        return lambda: self.cluster.result(self.rank, meeting)
