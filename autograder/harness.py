@@ -128,8 +128,14 @@ class Recording:
 
 
 def graded_stage(stage_cls: type[ZeroStage], exercise: str) -> type[ZeroStage]:
-    """`stage_cls` with the recorders of `Recording`."""
-    return type(f"Graded{stage_cls.__name__}", (Recording, stage_cls), {"exercise": exercise})
+    """`stage_cls` with the recorders of `Recording`, whose reduce-scatters complete before backward goes on.
+
+    The exercises' Functions wait for their reduce-scatter at once, so the reference they are compared with
+    does too (`overlap_reduce_scatter = False`): otherwise a reference layer's bucket, still in flight, would
+    be alive next to a student layer's, and the bucket peaks would differ for no fault of the student's.
+    """
+    attributes = {"exercise": exercise, "overlap_reduce_scatter": False}
+    return type(f"Graded{stage_cls.__name__}", (Recording, stage_cls), attributes)
 
 
 def _train_rank(stage_cls: type[ZeroStage], functions: dict | None, steps: int) -> RankRecord:

@@ -10,6 +10,7 @@ from zero_core.experiment import run_stage
 from zero_core.model import build_model, parameter_layers, preset
 from zero_core.partition import FlatPartition
 from zero_core.stages import TrainConfig
+from zero_core.stages.zero2 import Zero2
 from zero_core.stages.zero3 import Zero3
 
 MICRO = TrainConfig(model=preset("micro"))
@@ -95,3 +96,42 @@ def test_zero3_frees_the_memory_of_released_parameters() -> None:
     for freed, error in VirtualCluster(2).run(train_then_gather_twice):
         assert freed == [0] * len(freed), "a released layer still holds its gathered parameters' memory"
         assert "gathered twice" in error
+
+
+def backward_memory_events(stage_cls: type, world_size: int = 2) -> list[memory.MemoryEvent]:
+    """Rank 0's tracker events of one training step from backward on (with `grad_sync`, where ZeRO-2/3 wait)."""
+
+    def train_one_step() -> None:
+        stage_cls(MICRO).train_step(0)
+
+    cluster = VirtualCluster(world_size)
+    cluster.run(train_one_step)
+    return [e for e in cluster.trackers[0].timeline if e.phase in ("backward", "grad_sync")]
+
+
+def without_overlap(stage_cls: type) -> type:
+    return type(f"Blocking{stage_cls.__name__}", (stage_cls,), {"overlap_reduce_scatter": False})
+
+
+@pytest.mark.parametrize(
+    "stage_cls",
+    [Zero2, Zero3, without_overlap(Zero2), without_overlap(Zero3)],
+    ids=["zero2", "zero3", "zero2-blocking", "zero3-blocking"],
+)
+def test_reduce_scatters_stay_in_flight_one_bucket_at_a_time_unless_overlap_is_off(stage_cls: type) -> None:
+    """With overlap each layer's bucket lives on into the next layer's backward (under ZeRO-3, through its
+    gather) and the last one until `grad_sync`; without it each bucket is freed within its own layer."""
+    overlap = stage_cls.overlap_reduce_scatter
+    live_buckets, gathers_during_a_reduce_scatter, last_release_phase = 0, 0, ""
+    for event in backward_memory_events(stage_cls):
+        if event.category == memory.GRAD_BUCKET:
+            live_buckets += 1 if event.delta_bytes > 0 else -1
+            assert live_buckets <= 1, f"two gradient buckets alive at once (at {event.label})"
+            if event.delta_bytes < 0:
+                last_release_phase = event.phase
+        elif event.category == memory.GATHER and event.delta_bytes > 0:
+            gathers_during_a_reduce_scatter += live_buckets
+    assert live_buckets == 0
+    assert last_release_phase == ("grad_sync" if overlap else "backward")
+    if stage_cls.stage == 3:
+        assert (gathers_during_a_reduce_scatter > 0) == overlap

@@ -84,13 +84,29 @@ def test_collectives_start_inside_their_phase_on_the_ranks_clock(report) -> None
         bounds = {(s, phase): (origin + start, origin + end) for s, phase, start, end in report.phase_spans[rank]}
         for entry in report.ledger.entries(rank):
             start, end = bounds[(entry.step, entry.phase)]
-            assert start <= entry.started_s <= entry.started_s + entry.seconds <= end
+            assert start <= entry.started_s <= entry.started_s + entry.seconds - entry.waited_s <= end
+            if entry.op == "reduce_scatter":  # started with async_op=True, waited for later in the same step
+                step_end = max(end for s, _, _, end in report.phase_spans[rank] if s == entry.step) + origin
+                assert entry.started_s < entry.wait_started_s <= entry.wait_started_s + entry.waited_s <= step_end
+            else:
+                assert entry.wait_started_s == entry.waited_s == 0.0
 
 
 def test_zero3_gathers_parameters_in_forward_and_backward(report) -> None:
     trace = chrome_trace(report)
     gathers = [c["args"]["phase"] for c in spans(trace, "collective", 0) if c["args"]["op"] == "all_gather"]
     assert gathers.count("forward") == gathers.count("backward") > 0
+
+
+def test_each_reduce_scatter_has_a_wait_span_after_it_on_its_rank(report) -> None:
+    trace = chrome_trace(report)
+    for rank in range(WORLD_SIZE):
+        started = {c["args"]["seq"]: c for c in spans(trace, "collective", rank) if c["args"]["op"] == "reduce_scatter"}
+        waits = {w["args"]["seq"]: w for w in spans(trace, "collective wait", rank)}
+        assert sorted(waits) == sorted(started) and waits
+        for seq, wait in waits.items():
+            assert wait["name"] == "wait " + started[seq]["name"]
+            assert wait["ts"] >= started[seq]["ts"] + started[seq]["dur"]
 
 
 def test_several_reports_share_one_file_one_process_per_stage(report, tmp_path) -> None:

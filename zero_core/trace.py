@@ -2,7 +2,9 @@
 
 Each rank is a lane (thread) of one process per stage; on it, the step's phases (forward, backward,
 grad_sync, optimizer) are spans, and every collective the rank called is a span nested in its phase,
-with its op, tag, dtype, element count and ring bytes as arguments. Seeing ZeRO-3's all-gathers
+with its op, tag, dtype, element count and ring bytes as arguments. A collective started with
+`async_op=True` (ZeRO-2's and ZeRO-3's reduce-scatters) has a second span, "wait ...", where the rank
+later waited for it; in between, it was in flight while the rank computed. Seeing ZeRO-3's all-gathers
 interleaved with forward and backward, one per layer (ZeRO §5.3, §7.2.2), is the point.
 
 Format: the Trace Event Format's JSON object form: {"traceEvents": [...]}, complete events ("ph": "X")
@@ -78,7 +80,8 @@ def chrome_trace(report: StageReport, step: int | None = None) -> dict[str, Any]
             events.append(_complete(phase, "phase", pid, rank, begin, finish, {"step": step}))
         for entry in report.ledger.entries(rank, step=step):
             outer = bounds.get(entry.phase, (step_start, step_end))
-            begin, finish = _clamp(us(entry.started_s), us(entry.started_s + entry.seconds), *outer)
+            start_seconds = entry.seconds - entry.waited_s
+            begin, finish = _clamp(us(entry.started_s), us(entry.started_s + start_seconds), *outer)
             args = {
                 "op": entry.op,
                 "tag": entry.tag,
@@ -91,6 +94,10 @@ def chrome_trace(report: StageReport, step: int | None = None) -> dict[str, Any]
             }
             name = entry.op if entry.tag == entry.op else f"{entry.op} {entry.tag}"
             events.append(_complete(name, "collective", pid, rank, begin, finish, args))
+            if entry.wait_started_s:
+                waited = us(entry.wait_started_s), us(entry.wait_started_s + entry.waited_s)
+                begin, finish = _clamp(*waited, step_start, step_end)
+                events.append(_complete(f"wait {name}", "collective wait", pid, rank, begin, finish, args))
     timed = sorted((e for e in events if e["ph"] == "X"), key=lambda e: (e["tid"], e["ts"], -e["dur"]))
     return {
         "traceEvents": [e for e in events if e["ph"] == "M"] + timed,

@@ -6,6 +6,12 @@ shard, and the bucket is freed (ZeRO §5.2). Under ZeRO-3 a layer's full paramet
 an all-gather right before the layer runs and a release right after (ZeRO §5.3). `LayerShard` holds one
 rank's shards of one layer and does exactly these collectives, registering every buffer it allocates.
 
+A layer's reduce-scatter does not hold backward up: it starts with `async_op=True` and is waited for
+just before the next layer's bucket is packed (`InFlightReduceScatter`), so the rank computes the next
+layer's gradients meanwhile, as DeepSpeed's `overlap_comm` does. Under ZeRO-3 that next layer first
+gathers its parameters, a collective every rank reaches only after starting the reduce-scatter, so on
+the virtual cluster the wait finds it complete and a reduce-scatter costs no meeting of its own.
+
 The gathered parameters live in one flat tensor per layer whose memory exists only between gather and
 release: release shrinks its storage to nothing and the next gather grows it back, as FSDP2 does with
 its unsharded parameters (`alloc_storage` / `free_storage` in `torch.distributed.fsdp`). The tensor and
@@ -22,10 +28,47 @@ from zero_core.partition import unflatten
 from zero_core.stages.base import Layer
 
 
+class InFlightReduceScatter:
+    """A stage's one gradient reduce-scatter in flight, and the bucket it reads until it completes.
+
+    With `overlap=False` every reduce-scatter completes before `start` returns, as a blocking call would:
+    the grader runs the reference that way, so that its buckets live exactly as long as those of a
+    student's Function, which waits at once.
+    """
+
+    def __init__(self, tracker: memory.MemoryTracker, *, overlap: bool = True) -> None:
+        self.tracker = tracker
+        self.overlap = overlap
+        self.work: dist.Work | None = None
+        self.bucket: torch.Tensor | None = None
+
+    def start(self, output: torch.Tensor, bucket: torch.Tensor, tag: str) -> None:
+        """Start reduce-scattering (mean) `bucket` into `output`; the previous one must be waited for."""
+        assert self.work is None, "wait for the reduce-scatter in flight before starting the next"
+        self.work = dist.reduce_scatter_single(output, bucket, op=dist.ReduceOp.AVG, async_op=True, tag=tag)
+        self.bucket = bucket
+        if not self.overlap:
+            self.wait()
+
+    def wait(self) -> None:
+        """Complete the reduce-scatter in flight, if any, and free its bucket."""
+        if self.work is not None:
+            self.work.wait()
+            self.tracker.release(self.bucket)
+            self.work = self.bucket = None
+
+
 class LayerShard:
     """Rank r's part of one parameter layer: its gradient shard (and, under ZeRO-3, its parameter shard)."""
 
-    def __init__(self, layer: Layer, rank: int, tracker: memory.MemoryTracker, dtype: torch.dtype) -> None:
+    def __init__(
+        self,
+        layer: Layer,
+        rank: int,
+        tracker: memory.MemoryTracker,
+        dtype: torch.dtype,
+        in_flight: InFlightReduceScatter,
+    ) -> None:
         self.name = layer.name
         self.shapes = layer.shapes
         self.partition = layer.partition
@@ -45,14 +88,18 @@ class LayerShard:
         self.gathered.untyped_storage().resize_(0)  # no memory until ZeRO-3 gathers the parameters
         self.grad_tag = f"grad {layer.name}"
         self.param_tag = f"param {layer.name}"
+        self.in_flight = in_flight
 
     def reduce_scatter_gradients(self, grads: list[torch.Tensor]) -> None:
-        """Average this layer's local gradients over the ranks; keep only this rank's shard."""
+        """Start averaging this layer's local gradients over the ranks into this rank's shard, `grad`.
+
+        The stage waits for it before the next layer's, and after backward (`sync_gradients`).
+        """
+        self.in_flight.wait()  # the previous layer's bucket is freed before this one exists: one at a time
         bucket = self.tracker.register(
             self.partition.pack(grads), memory.GRAD_BUCKET, padding_elements=self.partition.padding, label=self.name
         )
-        dist.reduce_scatter_single(self.grad, bucket, op=dist.ReduceOp.AVG, tag=self.grad_tag)
-        self.tracker.release(bucket)
+        self.in_flight.start(self.grad, bucket, self.grad_tag)
 
     def gather_parameters(self) -> list[torch.Tensor]:
         """All-gather the full parameters (ZeRO-3); returns the weight (and bias) until `release_parameters`."""

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from zero_core import memory
 from zero_core.partition import unflatten
 from zero_core.stages.base import Layer
-from zero_core.stages.sharding import LayerShard, swap_module
+from zero_core.stages.sharding import InFlightReduceScatter, LayerShard, swap_module
 from zero_core.stages.zero1 import Zero1
 
 
@@ -110,19 +110,24 @@ class Zero2(Zero1):
         nn.LayerNorm: ReduceScatterLayerNorm,
     }
 
+    overlap_reduce_scatter = True
+    """Let each layer's gradient reduce-scatter run on while backward goes on (see `InFlightReduceScatter`)."""
+
     def setup(self, model: nn.Module, initial: dict[str, torch.Tensor]) -> None:
         self.params: dict[str, torch.Tensor] = {}
         self.shards: dict[str, LayerShard] = {}
+        self.in_flight = InFlightReduceScatter(self.tracker, overlap=self.overlap_reduce_scatter)
         for layer in self.layers:
             flat_param = self.new_buffer(initial[layer.name], memory.PARAM, layer)
-            shard = LayerShard(layer, self.rank, self.tracker, self.dtype)
+            shard = LayerShard(layer, self.rank, self.tracker, self.dtype, self.in_flight)
             params = [nn.Parameter(view) for view in unflatten(flat_param, layer.shapes)]
             function = self.functions[type(layer.module)]
             swap_module(model, layer.name, FunctionLayer(function, params, shard, *extra_arguments(layer.module)))
             self.params[layer.name], self.shards[layer.name] = flat_param, shard
 
     def sync_gradients(self) -> None:
-        """Nothing left to do: every gradient was reduce-scattered during backward."""
+        """Only the wait for the last layer's reduce-scatter: backward started every layer's."""
+        self.in_flight.wait()
 
     def owned_gradients(self) -> list[torch.Tensor]:
         return [self.owned_grad(layer) for layer in self.layers]

@@ -17,7 +17,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from zero_core import memory
-from zero_core.stages.sharding import LayerShard, swap_module
+from zero_core.stages.sharding import InFlightReduceScatter, LayerShard, swap_module
 from zero_core.stages.zero2 import FunctionLayer, Zero2, extra_arguments
 
 
@@ -102,8 +102,9 @@ class Zero3(Zero2):
 
     def setup(self, model: nn.Module, initial: dict[str, torch.Tensor]) -> None:
         self.shards: dict[str, LayerShard] = {}
+        self.in_flight = InFlightReduceScatter(self.tracker, overlap=self.overlap_reduce_scatter)
         for layer in self.layers:
-            shard = LayerShard(layer, self.rank, self.tracker, self.dtype)
+            shard = LayerShard(layer, self.rank, self.tracker, self.dtype, self.in_flight)
             shard.param = nn.Parameter(layer.partition.shard(initial[layer.name], self.rank).to(self.dtype))
             self.tracker.register(
                 shard.param, memory.PARAM, padding_elements=layer.partition.padding_of(self.rank), label=layer.name
