@@ -6,7 +6,13 @@
 The functions take the same arguments as their `torch.distributed` namesakes, plus an optional `tag=`
 that labels the call in the ledger. Every call is checked on the calling rank before it blocks (a bad
 shape raises `ValueError` naming the rank and the shapes at once), then moved by the rank's backend,
-then recorded in the rank's ledger with its ring bytes (see `zero_core.comm`).
+then recorded in the rank's ledger with its ring bytes (see `zero_core.comm`). With `async_op=True` a
+call returns a `Work` without waiting for the other ranks, as in `torch.distributed`; `work.wait()`
+puts the result in the output:
+
+    work = dist.reduce_scatter_single(shard, bucket, op=dist.ReduceOp.AVG, async_op=True)
+    ...  # compute on; leave `shard` and `bucket` alone
+    work.wait()
 
 The backend is the rank's: the virtual cluster's rendezvous (`zero_core.backends.virtual`) for a rank
 thread, a `torch.distributed` process group (`zero_core.backends.torch_distributed`) for a process under

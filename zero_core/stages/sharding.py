@@ -44,7 +44,8 @@ class InFlightReduceScatter:
 
     def start(self, output: torch.Tensor, bucket: torch.Tensor, tag: str) -> None:
         """Start reduce-scattering (mean) `bucket` into `output`; the previous one must be waited for."""
-        assert self.work is None, "wait for the reduce-scatter in flight before starting the next"
+        if self.work is not None:
+            raise RuntimeError("a reduce-scatter is still in flight: wait() for it before starting the next")
         self.work = dist.reduce_scatter_single(output, bucket, op=dist.ReduceOp.AVG, async_op=True, tag=tag)
         self.bucket = bucket
         if not self.overlap:
