@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from zero_core import formulas, memory
 from zero_core.cluster import VirtualCluster
+from zero_core.context import current
 from zero_core.experiment import run_stage
 from zero_core.model import build_model, parameter_layers, preset
 from zero_core.partition import FlatPartition
 from zero_core.stages import TrainConfig
+from zero_core.stages.sharding import InFlightReduceScatter
 from zero_core.stages.zero2 import Zero2
 from zero_core.stages.zero3 import Zero3
 
@@ -135,3 +138,21 @@ def test_reduce_scatters_stay_in_flight_one_bucket_at_a_time_unless_overlap_is_o
     assert last_release_phase == ("grad_sync" if overlap else "backward")
     if stage_cls.stage == 3:
         assert (gathers_during_a_reduce_scatter > 0) == overlap
+
+
+def test_a_second_reduce_scatter_cannot_start_while_one_is_in_flight() -> None:
+    def start_twice() -> str:
+        tracker = current().tracker
+        in_flight = InFlightReduceScatter(tracker)
+        first, second = (tracker.register(torch.ones(4), memory.GRAD_BUCKET) for _ in range(2))
+        in_flight.start(torch.empty(2), first, "grad a")
+        try:
+            in_flight.start(torch.empty(2), second, "grad b")
+        except RuntimeError as error:
+            return str(error)
+        finally:
+            in_flight.wait()
+        return ""
+
+    for message in VirtualCluster(2).run(start_twice):
+        assert "still in flight" in message
