@@ -4,14 +4,19 @@ submission in tests/fixtures/wrong loses exactly the checks its header names, wi
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from autograder.checks import CheckResult, total
+from autograder.harness import CONFIG
+from autograder.integrity import StudentShard
 from autograder.sandbox import Limits, grade_notebook, grade_submission
 from autograder.submission import EXERCISES, exercise_module, load
+from zero_core.cluster import VirtualCluster
+from zero_core.stages import Zero2, Zero3
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "wrong"
@@ -57,8 +62,9 @@ class WrongSubmission:
             namespace: dict = {}
             exec(source, namespace)
             source = namespace["CELL_SOURCE"]
-        return cls(path, meta["EXERCISE"], meta["CELL"], frozenset(meta["LOSES"]), meta["MESSAGE"], meta["CHILD"],
-                   source)
+        return cls(
+            path, meta["EXERCISE"], meta["CELL"], frozenset(meta["LOSES"]), meta["MESSAGE"], meta["CHILD"], source
+        )
 
     def notebook(self, directory: Path) -> Path:
         """The solution notebook with this submission's cell in place of `cell`."""
@@ -76,9 +82,7 @@ WRONG = [WrongSubmission.read(path) for path in sorted(FIXTURES.glob("*.py"))]
 
 
 def wrong_params(child: bool) -> list:
-    return [
-        pytest.param(w, id=w.path.stem, marks=marker(w.exercise)) for w in WRONG if w.child == child
-    ]
+    return [pytest.param(w, id=w.path.stem, marks=marker(w.exercise)) for w in WRONG if w.child == child]
 
 
 def assert_loses_exactly(wrong: WrongSubmission, results: list[CheckResult]) -> None:
@@ -123,3 +127,25 @@ def test_every_assignment_has_a_wrong_submission_and_no_fixture_is_misnamed() ->
         assert wrong.path.stem.startswith(wrong.exercise[:4]), wrong.path.name
         checks = {c.name for c in exercise_module(wrong.exercise).CHECKS}
         assert wrong.loses <= checks, f"{wrong.path.name} names unknown checks {sorted(wrong.loses - checks)}"
+
+
+def documented_shard_attributes(assignment: str) -> list[str]:
+    """The attributes the exercise's table "What the `shard` argument holds" promises a student."""
+    notebook = json.loads(solution_notebook(assignment).read_text())
+    (contract,) = [
+        "".join(c["source"]) for c in notebook["cells"] if "What the `shard` argument holds" in "".join(c["source"])
+    ]
+    return re.findall(r"^\| `(\w+)` \|", contract, re.MULTILINE)
+
+
+@pytest.mark.parametrize("stage_cls", [Zero2, Zero3], ids=["zero2", "zero3"])
+def test_the_shard_a_student_receives_has_every_attribute_the_exercise_documents(stage_cls) -> None:
+    documented = documented_shard_attributes("ex03_zero2_reduce_scatter_backward")
+    assert {"name", "partition", "grad", "tracker"} <= set(documented)
+    expected = documented + (["param"] if stage_cls is Zero3 else [])  # exercise 4 adds `shard.param`
+
+    def missing_attributes() -> list[str]:
+        shard = StudentShard(next(iter(stage_cls(CONFIG).shards.values())), "ex03")
+        return [name for name in expected if getattr(shard, name, None) is None]
+
+    assert VirtualCluster(2).run(missing_attributes) == [[], []]

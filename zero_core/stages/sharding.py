@@ -75,6 +75,8 @@ class LayerShard:
         self.partition = layer.partition
         self.rank = rank
         self.tracker = tracker
+        self.dtype = dtype
+        """The training precision: the exercises tell students' Functions to read it from the shard."""
         chunk = layer.partition.chunk_numel
         self.grad = tracker.register(
             torch.zeros(chunk, dtype=dtype),
