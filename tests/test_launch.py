@@ -279,3 +279,15 @@ def test_a_rank_that_never_starts_stops_the_others_after_the_timeout() -> None:
     assert time.monotonic() - started < 30
     assert err.strip().count("\n") == 0, err
     assert "rank 0: could not join the process group within 5 s" in err
+
+
+def test_leaving_flushes_both_streams_and_exits_with_the_code() -> None:
+    """`leave` skips the interpreter's finalization, so nothing but its own flush writes what is buffered."""
+    program = (
+        "import sys; from zero_core.launch import leave; print('written', end=''); sys.stderr.write('said'); leave(3)"
+    )
+    buffered = {k: v for k, v in child_env().items() if k != "PYTHONUNBUFFERED"}
+    done = subprocess.run(
+        [sys.executable, "-c", program], cwd=ROOT, env=buffered, capture_output=True, text=True, timeout=60
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (3, "written", "said")
