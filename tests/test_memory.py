@@ -1,4 +1,5 @@
-"""The memory tracker: byte-accurate from storage, current and peak by category, activations once per storage."""
+"""The memory tracker: byte-accurate from storage, counted while the storage lives, current and peak by
+category, activations once per storage."""
 
 from __future__ import annotations
 
@@ -63,14 +64,14 @@ def test_views_of_one_storage_count_once():
     assert tracker.current_bytes() == 128
 
 
-def test_release_stops_counting_at_once_and_keeps_the_peak():
+def test_a_released_buffer_counts_until_it_is_freed_and_keeps_the_peak():
     tracker = MemoryTracker()
     gathered = tracker.register(torch.ones(256, dtype=torch.float16), memory.GATHER)
     tracker.release(gathered)
-    assert tracker.current_bytes(memory.GATHER) == 0 and not tracker.is_tracked(gathered)
-    assert tracker.peak_bytes(memory.GATHER) == 512
-    tracker.release(gathered)
+    assert tracker.current_bytes(memory.GATHER) == 512
+    del gathered
     assert tracker.current_bytes() == 0
+    assert tracker.peak_bytes(memory.GATHER) == 512
 
 
 def test_a_collected_tensor_is_released_automatically():
@@ -113,11 +114,11 @@ def test_peak_total_is_the_peak_of_the_sum_not_the_sum_of_peaks():
     tracker = MemoryTracker()
     first = tracker.register(torch.ones(100), memory.GATHER)
     kept = tracker.register(torch.ones(10), memory.PARAM)
-    tracker.release(first)
+    del first
     second = tracker.register(torch.ones(100), memory.GRAD_BUCKET)
     assert tracker.peak_bytes(memory.GATHER) == tracker.peak_bytes(memory.GRAD_BUCKET) == 400
     assert tracker.peak_bytes() == tracker.current_bytes() == 440
-    tracker.release(second)
+    del second
     assert tracker.peak_by_category()[memory.GRAD_BUCKET] == 400
     assert tracker.current_by_category() == {**dict.fromkeys(memory.CATEGORIES, 0), memory.PARAM: 40}
     assert tracker.is_tracked(kept)
@@ -127,7 +128,7 @@ def test_reset_peaks_starts_a_new_window_from_what_is_held():
     tracker = MemoryTracker()
     gathered = tracker.register(torch.ones(100), memory.GATHER)
     kept = tracker.register(torch.ones(10), memory.PARAM)
-    tracker.release(gathered)
+    del gathered
     tracker.reset_peaks()
     assert tracker.peak_bytes() == tracker.current_bytes() == 40
     assert tracker.peak_bytes(memory.GATHER) == 0
@@ -141,7 +142,7 @@ def test_padding_is_reported_apart_from_the_model_states():
     assert tracker.current_bytes(memory.PADDING) == 6
     assert tracker.model_state_bytes() == 26
     assert tracker.current_bytes() == 32
-    tracker.release(shard)
+    del shard
     assert tracker.current_bytes(memory.PADDING) == 0
 
 
@@ -155,7 +156,7 @@ def test_the_timeline_records_every_change_with_the_running_total():
     tracker.phase, tracker.step = "optimizer", 3
     master = tracker.register(torch.ones(4), memory.MASTER, label="blocks.0")
     param = tracker.register(torch.ones(2, dtype=torch.float16), memory.PARAM, label="blocks.0")
-    tracker.release(master)
+    del master
     events = tracker.timeline
     assert [(e.index, e.category, e.delta_bytes, e.total_bytes) for e in events] == [
         (0, memory.MASTER, 16, 16),
@@ -179,7 +180,7 @@ def test_inside_a_rank_events_carry_the_ranks_step_and_phase():
         ctx.step = 5
         with phase("forward"):
             buffer = ctx.tracker.register(torch.ones(4), memory.GATHER)
-        ctx.tracker.release(buffer)
+        del buffer
         return [(e.phase, e.step) for e in ctx.tracker.timeline]
 
     assert VirtualCluster(2).run(fn) == [[("forward", 5), ("", 5)]] * 2

@@ -494,3 +494,9 @@ class VirtualCluster:
             "waiting in. Every rank must call the same collectives; look for a collective inside an "
             "`if rank == ...` branch or a loop whose length depends on the rank."
         )
+
+
+INTERCONNECT = (VirtualCluster, _Rendezvous)
+"""The interconnect's objects, not any rank's: a walk over what a rank holds (`zero_core.reachable`) stops
+at them. A collective's combined result lives in its rendezvous, as NCCL's buffers live outside a GPU's
+allocator."""

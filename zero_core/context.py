@@ -71,11 +71,16 @@ def activate(ctx: RankContext) -> Iterator[RankContext]:
 
 @contextmanager
 def phase(name: str) -> Iterator[None]:
-    """Label what this rank does inside the block ("forward", "backward", ...) in its ledger and timeline."""
+    """Label what this rank does inside the block ("forward", "backward", ...) in its ledger and timeline.
+
+    When the block ends, the rank's memory tracker looks at what the phase left alive: a buffer nobody
+    named that outlives the phase which made it is memory no part of the code accounts for.
+    """
     ctx = current()
     previous = ctx.phase
     ctx.phase = name
     try:
         yield
     finally:
+        ctx.tracker.end_phase()
         ctx.phase = previous

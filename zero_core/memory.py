@@ -2,24 +2,35 @@
 
 ZeRO is an accounting argument (ZeRO §3, §5): the 16Ψ bytes of mixed-precision Adam are fp16 parameters
 (2Ψ), fp16 gradients (2Ψ) and fp32 master weights, momentum and variance (4Ψ + 4Ψ + 4Ψ = KΨ, K = 12).
-Each stage changes which of these a rank keeps. The tracker makes that visible: every buffer a rank
-allocates is registered under one category of a fixed vocabulary, its size read from the tensor's
-storage (views of one storage count once), and released explicitly or when the tensor is collected.
-Activations are counted through `torch.autograd.graph.saved_tensors_hooks`, once per storage.
+Each stage changes which of these a rank keeps. The tracker makes that visible, and it does not take a
+stage's word for it:
+
+- **What is counted is what is alive.** The unit is a storage (views of one storage count once). A storage
+  counts from the moment the tracker first sees it until it is freed, which the tracker learns from a
+  weak reference to the storage itself, whoever held it: a stage's attribute, an autograd `ctx`, a
+  closure, a list. `release` says a buffer is done and re-reads its size (0 after `resize_(0)`); it
+  cannot make a live buffer disappear from the count.
+- **The audit sees every allocation.** Inside `audit()` a dispatch mode looks at the output of every
+  tensor operation the rank runs, so every storage it allocates is on the ledger, registered or not.
+- **Categories are labels.** `register` names a storage (`param.fp16`, `grad.bucket`, ...); the tensors
+  autograd saves for backward are named `activations`. A storage nobody names is `temporary` (the
+  paper's temporary buffers, ZeRO §3.2) while the phase that made it runs; if it outlives that phase, it
+  is `untracked`: memory a rank holds that no part of the code accounts for. For the reference stages
+  that is 0 bytes, and a test keeps it so.
 """
 
 from __future__ import annotations
 
-import functools
 import threading
 import time
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from zero_core.context import maybe_current
 
@@ -31,6 +42,8 @@ ADAM_V = "adam.v"
 GATHER = "gather.fp16"
 GRAD_BUCKET = "grad.bucket"
 ACTIVATIONS = "activations"
+TEMPORARY = "temporary"
+UNTRACKED = "untracked"
 PADDING = "padding"
 
 MODEL_STATES = (PARAM, GRAD, MASTER, ADAM_M, ADAM_V)
@@ -40,7 +53,13 @@ TRANSIENTS = (GATHER, GRAD_BUCKET)
 """Buffers that live for one layer: ZeRO-3's gathered parameters, ZeRO-2/3's per-layer gradient bucket
 before its reduce-scatter."""
 
-CATEGORIES = MODEL_STATES + TRANSIENTS + (ACTIVATIONS, PADDING)
+UNLABELLED = (TEMPORARY, UNTRACKED)
+"""What the audit alone saw: op outputs alive inside their phase (`temporary`) and those that outlived it
+(`untracked`)."""
+
+CATEGORIES = MODEL_STATES + TRANSIENTS + (ACTIVATIONS,) + UNLABELLED + (PADDING,)
+
+_LABELS = frozenset(MODEL_STATES + TRANSIENTS + (ACTIVATIONS, PADDING))
 
 
 class MemoryEvent(NamedTuple):
@@ -61,28 +80,31 @@ class MemoryEvent(NamedTuple):
 
 
 @dataclass(slots=True)
-class _Registration:
-    """One counted storage, and weak references to the tensors registered on it: it stays counted until
-    it is released, or until the last of those tensors is collected."""
+class HeldStorage:
+    """One live storage on the ledger: its category, size, padding and who named it (or what made it)."""
 
     category: str
     nbytes: int
     padding_bytes: int
     label: str
-    watches: list[weakref.ref] = field(default_factory=list)
+    ref: weakref.ref
+    released: bool = False
+    """`release` was called: the owner said it is done with it, so it should be freed (or empty) by now."""
 
 
-_KNOWN_CATEGORIES = frozenset(CATEGORIES)
+def storage_key(tensor: torch.Tensor) -> int:
+    """The identity of `tensor`'s storage: the same for every view, stable across `resize_`."""
+    return tensor.untyped_storage()._cdata
 
 
 class MemoryTracker:
-    """What one rank holds. Thread-safe, because the garbage collector may release from any thread."""
+    """What one rank holds. Thread-safe, because a storage may be freed from any thread."""
 
     def __init__(self, rank: int = 0, *, record_timeline: bool = True) -> None:
         self.rank = rank
         self.record_timeline = record_timeline
         self._lock = threading.RLock()
-        self._live: dict[int, _Registration] = {}
+        self._live: dict[int, HeldStorage] = {}
         self._current = dict.fromkeys(CATEGORIES, 0)
         self._peak = dict.fromkeys(CATEGORIES, 0)
         self._total = 0
@@ -92,23 +114,21 @@ class MemoryTracker:
         self.step = 0
         self.phase = ""
 
-    @staticmethod
-    def _key(tensor: torch.Tensor) -> int:
-        return tensor.untyped_storage().data_ptr()
+    # -- naming storages -----------------------------------------------------------------------------
 
     def register(
         self, tensor: torch.Tensor, category: str, *, padding_elements: int = 0, label: str = ""
     ) -> torch.Tensor:
-        """Count `tensor`'s storage under `category` until it is released or collected; returns `tensor`.
+        """Name `tensor`'s storage `category` for as long as it lives; returns `tensor`.
 
         `padding_elements` of the storage are counted as `padding` instead, so that padding added to make
-        a buffer divisible by N is reported, never hidden inside a model-state category. Registering a
-        second view of an already registered storage counts nothing more.
+        a buffer divisible by N is reported, never hidden inside a model-state category. A storage the
+        audit already counts as temporary gets the name; a second view of a named storage changes nothing
+        (unless the storage was released and is now reused: then it takes the new name).
         """
-        if category not in _KNOWN_CATEGORIES:
-            raise ValueError(f"unknown memory category {category!r}; use one of {CATEGORIES}")
+        if category not in _LABELS:
+            raise ValueError(f"unknown memory category {category!r}; use one of {sorted(_LABELS)}")
         storage = tensor.untyped_storage()
-        key = storage.data_ptr()
         nbytes = storage.nbytes()
         padding_bytes = padding_elements * tensor.element_size() if padding_elements else 0
         if padding_bytes > nbytes:
@@ -116,82 +136,98 @@ class MemoryTracker:
                 f"padding of {padding_bytes} bytes exceeds the buffer's {nbytes} bytes ({label or category})"
             )
         with self._lock:
-            reg = self._live.get(key)
-            if reg is None:
-                if nbytes == 0:
-                    return tensor
-                reg = self._live[key] = _Registration(category, nbytes, padding_bytes, label)
-                self._count(reg, 1)
-            reg.watches.append(weakref.ref(tensor, functools.partial(self._collected, key)))
+            held = self._live.get(storage._cdata)
+            if held is None:
+                if nbytes:
+                    self._add(storage, category, nbytes, padding_bytes, label)
+            elif held.category in UNLABELLED or held.released:
+                self._count(held, -1)
+                held.category, held.nbytes, held.padding_bytes, held.label = category, nbytes, padding_bytes, label
+                held.released = False
+                self._count(held, 1)
+            elif held.nbytes != nbytes:
+                self._resize(held, nbytes)
         return tensor
 
     def release(self, tensor: torch.Tensor) -> None:
-        """Stop counting `tensor`'s storage now (the buffer is being freed or handed back)."""
+        """The owner is done with this buffer: it keeps counting until it is freed (or shrunk to nothing
+        with `untyped_storage().resize_(0)`, which this re-reads). Freeing is seen, not taken on trust."""
+        storage = tensor.untyped_storage()
         with self._lock:
-            reg = self._live.pop(self._key(tensor), None)
-            if reg is not None:
-                self._count(reg, -1)
+            held = self._live.get(storage._cdata)
+            if held is not None:
+                held.released = True
+                if held.nbytes != storage.nbytes():
+                    self._resize(held, storage.nbytes())
+
+    def category_of(self, tensor: torch.Tensor) -> str | None:
+        """The category `tensor`'s storage counts under, or None if the tracker has not seen it."""
+        held = self._live.get(storage_key(tensor))
+        return None if held is None else held.category
 
     def is_tracked(self, tensor: torch.Tensor) -> bool:
+        """Whether `tensor`'s storage is named (registered or saved for backward), not just seen."""
+        return self.category_of(tensor) not in (None, *UNLABELLED)
+
+    def held_storages(self) -> dict[int, HeldStorage]:
+        """Every storage counted now, by `storage_key` (a snapshot)."""
         with self._lock:
-            return self._key(tensor) in self._live
+            return dict(self._live)
 
-    def _collected(self, key: int, watch: weakref.ref) -> None:
-        """A registered tensor was collected; the storage stops counting when no registered tensor is left.
+    # -- what the audit sees -------------------------------------------------------------------------
 
-        A watch that is not among the registration's belongs to an earlier, released registration of a
-        buffer at the same address, and changes nothing.
+    def observe(self, tensor: torch.Tensor, made_by: str) -> None:
+        """A tensor operation allocated `tensor`'s storage: count it as temporary until someone names it."""
+        storage = tensor.untyped_storage()
+        if storage._cdata not in self._live:
+            with self._lock:
+                if storage._cdata not in self._live:
+                    self._add(storage, TEMPORARY, storage.nbytes(), 0, made_by)
+
+    def observe_alias(self, tensor: torch.Tensor) -> None:
+        """A tensor operation wrote into or resized an existing storage: if the tracker counts it, re-read
+        its size (`resize_` grows a storage without allocating a new one)."""
+        storage = tensor.untyped_storage()
+        held = self._live.get(storage._cdata)
+        if held is not None and held.nbytes != storage.nbytes():
+            with self._lock:
+                self._resize(held, storage.nbytes())
+
+    def end_phase(self) -> None:
+        """A phase ended: re-read every storage's size, and what it left alive that nobody named is untracked."""
+        with self._lock:
+            for held in list(self._live.values()):
+                storage = held.ref()
+                if storage is not None and storage.nbytes() != held.nbytes:
+                    self._resize(held, storage.nbytes())
+                if held.category == TEMPORARY:
+                    self._count(held, -1)
+                    held.category = UNTRACKED
+                    self._count(held, 1)
+
+    @contextmanager
+    def audit(self) -> Iterator[None]:
+        """See every storage the calling thread's tensor operations allocate, until the block ends."""
+        with StorageAudit(self):
+            yield
+
+    @contextmanager
+    def count_activations(self) -> Iterator[None]:
+        """Name every tensor autograd saves for backward `activations`, once per storage.
+
+        Storages that already have a name (parameters, gathered weights) keep it. A saved tensor counts
+        until autograd frees it after backward (and its storage with it).
         """
-        with self._lock:
-            reg = self._live.get(key)
-            if reg is None:
-                return
-            for index, other in enumerate(reg.watches):
-                if other is watch:
-                    del reg.watches[index]
-                    break
-            else:
-                return
-            if not reg.watches:
-                del self._live[key]
-                self._count(reg, -1)
 
-    def _count(self, reg: _Registration, sign: int) -> None:
-        """Add (sign 1) or take away (sign -1) a buffer: its bytes under its category, its padding as padding."""
-        where = self._labels() if self.record_timeline else None
-        self._change(reg.category, sign * (reg.nbytes - reg.padding_bytes), reg.label, where)
-        if reg.padding_bytes:
-            self._change(PADDING, sign * reg.padding_bytes, reg.label, where)
+        def pack(tensor: torch.Tensor) -> torch.Tensor:
+            if not self.is_tracked(tensor):
+                self.register(tensor, ACTIVATIONS, label="saved for backward")
+            return tensor
 
-    def _labels(self) -> tuple[str, int]:
-        """(phase, step) of the event: the rank context's when this is the calling rank's tracker."""
-        ctx = maybe_current()
-        if ctx is not None and ctx.tracker is self:
-            return ctx.phase, ctx.step
-        return self.phase, self.step
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            yield
 
-    def _change(self, category: str, delta: int, label: str, where: tuple[str, int] | None) -> None:
-        """Apply one change; `where` (phase, step) labels its timeline event, `None` records none."""
-        now = self._current[category] = self._current[category] + delta
-        if now > self._peak[category]:
-            self._peak[category] = now
-        self._total += delta
-        if self._total > self._peak_total:
-            self._peak_total = self._total
-        if where is not None:
-            phase, step = where
-            self.timeline.append(
-                MemoryEvent(
-                    len(self.timeline),
-                    time.perf_counter() - self._start,
-                    category,
-                    delta,
-                    self._total,
-                    label,
-                    phase,
-                    step,
-                )
-            )
+    # -- reading the ledger --------------------------------------------------------------------------
 
     def current_bytes(self, category: str | None = None) -> int:
         with self._lock:
@@ -221,18 +257,102 @@ class MemoryTracker:
             self._peak = dict(self._current)
             self._peak_total = self._total
 
-    @contextmanager
-    def count_activations(self) -> Iterator[None]:
-        """Count every tensor autograd saves for backward as `activations`, once per storage.
+    # -- bookkeeping ---------------------------------------------------------------------------------
 
-        Tensors already on the ledger (parameters, gathered weights) are not counted again. The count
-        drops when autograd frees the saved tensor after backward.
-        """
+    def _add(self, storage: torch.UntypedStorage, category: str, nbytes: int, padding_bytes: int, label: str) -> None:
+        key = storage._cdata
+        held = HeldStorage(category, nbytes, padding_bytes, label, weakref.ref(storage, self._freed_callback(key)))
+        self._live[key] = held
+        self._count(held, 1)
 
-        def pack(tensor: torch.Tensor) -> torch.Tensor:
-            if not self.is_tracked(tensor):
-                self.register(tensor, ACTIVATIONS, label="saved for backward")
-            return tensor
+    def _freed_callback(self, key: int):
+        def freed(ref: weakref.ref) -> None:
+            with self._lock:
+                held = self._live.get(key)
+                if held is not None and held.ref is ref:
+                    del self._live[key]
+                    self._count(held, -1)
 
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-            yield
+        return freed
+
+    def _resize(self, held: HeldStorage, nbytes: int) -> None:
+        self._count(held, -1)
+        held.nbytes, held.padding_bytes = nbytes, min(held.padding_bytes, nbytes)
+        self._count(held, 1)
+
+    def _count(self, held: HeldStorage, sign: int) -> None:
+        """Add (sign 1) or take away (sign -1) a storage: its bytes under its category, its padding as padding."""
+        where = self._labels() if self.record_timeline else None
+        self._change(held.category, sign * (held.nbytes - held.padding_bytes), held.label, where)
+        if held.padding_bytes:
+            self._change(PADDING, sign * held.padding_bytes, held.label, where)
+
+    def _labels(self) -> tuple[str, int]:
+        """(phase, step) of the event: the rank context's when this is the calling rank's tracker."""
+        ctx = maybe_current()
+        if ctx is not None and ctx.tracker is self:
+            return ctx.phase, ctx.step
+        return self.phase, self.step
+
+    def _change(self, category: str, delta: int, label: str, where: tuple[str, int] | None) -> None:
+        """Apply one change; `where` (phase, step) labels its timeline event, `None` records none."""
+        if not delta:
+            return
+        now = self._current[category] = self._current[category] + delta
+        if now > self._peak[category]:
+            self._peak[category] = now
+        self._total += delta
+        if self._total > self._peak_total:
+            self._peak_total = self._total
+        if where is not None:
+            phase, step = where
+            self.timeline.append(
+                MemoryEvent(
+                    len(self.timeline),
+                    time.perf_counter() - self._start,
+                    category,
+                    delta,
+                    self._total,
+                    label,
+                    phase,
+                    step,
+                )
+            )
+
+
+class StorageAudit(TorchDispatchMode):
+    """Counts every storage the thread's tensor operations allocate on `tracker`: nothing made escapes.
+
+    An operation's output is a new allocation unless its schema says it aliases an input (views,
+    in-place and `out=` operations): those only write into a storage that exists, whose size is re-read
+    (`resize_`). Dispatch modes are thread-local, so each rank thread of the virtual cluster audits only
+    its own work; the interconnect's arithmetic runs outside the ranks' modes (`zero_core.cluster`), as
+    NCCL's buffers are outside PyTorch's allocator on a real GPU.
+    """
+
+    def __init__(self, tracker: MemoryTracker) -> None:
+        super().__init__()
+        self.tracker = tracker
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        aliases = _aliasing_returns(func)
+        outputs = out if isinstance(out, tuple | list) else (out,)
+        for index, item in enumerate(outputs):
+            if isinstance(item, torch.Tensor):
+                if index < len(aliases) and aliases[index]:
+                    self.tracker.observe_alias(item)
+                else:
+                    self.tracker.observe(item, func.__name__)
+        return out
+
+
+_ALIASING: dict[object, tuple[bool, ...]] = {}
+
+
+def _aliasing_returns(func) -> tuple[bool, ...]:
+    """For each return of the operator, whether it aliases an input (from the operator's schema)."""
+    aliases = _ALIASING.get(func)
+    if aliases is None:
+        aliases = _ALIASING[func] = tuple(r.alias_info is not None for r in func._schema.returns)
+    return aliases

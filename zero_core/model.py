@@ -21,6 +21,7 @@ from importlib import resources
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils.checkpoint import checkpoint
 
 DATA_FILE = "sonnets.txt"
@@ -160,7 +161,7 @@ def _skeleton(config: GPTConfig) -> GPT:
     """
     with _SKELETONS_LOCK:
         if config not in _SKELETONS:
-            with torch.random.fork_rng(devices=[]):
+            with torch.random.fork_rng(devices=[]), _disable_current_modes():
                 _SKELETONS[config] = GPT(config)
         return _SKELETONS[config]
 

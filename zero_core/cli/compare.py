@@ -193,7 +193,9 @@ def render(reports: list[StageReport], equivalences: list[Equivalence], referenc
             "gather peak",
             "bucket peak",
             "activations peak",
+            "temporary peak",
             "peak total",
+            "untracked",
         ],
         [
             [
@@ -206,11 +208,16 @@ def render(reports: list[StageReport], equivalences: list[Equivalence], referenc
                 mb(r.peak_bytes_by_category_max["gather.fp16"]),
                 mb(r.peak_bytes_by_category_max["grad.bucket"]),
                 mb(r.activation_peak_bytes_max),
+                mb(r.peak_bytes_by_category_max["temporary"]),
                 mb(r.peak_bytes_max),
+                f"{r.untracked_bytes_max:,} B",
             ]
             for r in reports
         ],
-        title="Memory breakdown per GPU (model states: mean over ranks; peaks: max over ranks, last step)",
+        title=(
+            "Memory breakdown per GPU (model states: mean over ranks; peaks: max over ranks, last step, every "
+            "storage a rank allocated; untracked: bytes held after the step that no category names)"
+        ),
     )
     return "\n\n".join([states, same, compute, breakdown])
 

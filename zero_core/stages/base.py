@@ -39,6 +39,11 @@ def _unmeasured(phase_name: str) -> AbstractContextManager:
     return nullcontext()
 
 
+def function_extras(module: nn.Module) -> tuple:
+    """What a layer's Function needs besides its input, parameters and shard (LayerNorm's eps)."""
+    return (module.eps,) if isinstance(module, nn.LayerNorm) else ()
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """Everything that defines a training run, identical for every stage."""
@@ -58,10 +63,17 @@ class TrainConfig:
 
 @dataclass
 class Layer:
-    """One parameter layer as a stage sees it: its name, parameter shapes and partition over the ranks."""
+    """One parameter layer as a stage sees it: its name, parameter shapes and partition over the ranks.
+
+    It keeps the layer's kind and the few constants its Function needs, never the module itself: the
+    module's original fp32 weights would stay alive through it after a stage has put its own buffers in
+    their place (4Ψ bytes on every rank that no formula counts).
+    """
 
     name: str
-    module: nn.Module
+    kind: type[nn.Module]
+    extra: tuple
+    """What the layer's Function takes besides input, parameters and shard (LayerNorm's eps)."""
     shapes: list[torch.Size]
     partition: FlatPartition
     master: AdamShard | None = None
@@ -95,17 +107,26 @@ class ZeroStage:
         self.dtype = precision_dtype(config.precision)
         self.scaler = LossScaler.for_precision(config.precision, config.init_loss_scale)
         self.adam_steps = 0
+        with phase("setup"):
+            self._build(config, ctx.world_size)
+
+    def _build(self, config: TrainConfig, world_size: int) -> None:
+        """The model, the fp32 masters and the stage's buffers. Everything made here and not named by the
+        end of it (the model's original weights, say) shows up as untracked memory."""
         model = build_model(config.model, config.seed)
         self.layers = [
             Layer(
                 name,
-                module,
+                type(module),
+                function_extras(module),
                 [p.shape for p in module.parameters()],
-                FlatPartition(sum(p.numel() for p in module.parameters()), ctx.world_size),
+                FlatPartition(sum(p.numel() for p in module.parameters()), world_size),
             )
             for name, module in parameter_layers(model)
         ]
-        initial = {layer.name: flatten([p.detach() for p in layer.module.parameters()]) for layer in self.layers}
+        initial = {
+            name: flatten([p.detach() for p in module.parameters()]) for name, module in parameter_layers(model)
+        }
         masters, offset = [], 0
         for layer in self.layers:
             start, end = self.master_range(layer)
@@ -206,7 +227,7 @@ class ZeroStage:
         inputs, targets = micro_batch(self.config.model, self.rank, step, self.config.seed)
         with self.tracker.count_activations() if count_activations else nullcontext():
             with phase("forward"), measure("forward"):
-                loss = loss_fn(self.model(inputs), targets)
+                loss = self.tracker.register(loss_fn(self.model(inputs), targets), memory.ACTIVATIONS, label="loss")
             with phase("backward"), measure("backward"):
                 (loss * self.scaler.scale).backward()
         with phase("grad_sync"), measure("grad_sync"):
@@ -262,13 +283,14 @@ class ReplicatedStage(ZeroStage):
         for layer in self.layers:
             flat_param = self.new_buffer(initial[layer.name], memory.PARAM, layer)
             flat_grad = self.new_buffer(torch.zeros(layer.numel), memory.GRAD, layer)
-            names = [name for name, _ in layer.module.named_parameters(recurse=False)]
+            module = model.get_submodule(layer.name)
+            names = [name for name, _ in module.named_parameters(recurse=False)]
             for name, param_view, grad_view in zip(
                 names, unflatten(flat_param, layer.shapes), unflatten(flat_grad, layer.shapes), strict=True
             ):
                 param = nn.Parameter(param_view)
                 param.grad = grad_view
-                setattr(layer.module, name, param)
+                setattr(module, name, param)
             self.params[layer.name], self.grads[layer.name] = flat_param, flat_grad
 
     def zero_gradients(self) -> None:

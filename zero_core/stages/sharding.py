@@ -116,8 +116,8 @@ class LayerShard:
 
     def release_parameters(self) -> None:
         """Forget the gathered parameters and free their memory: from here on only the shard exists."""
-        self.tracker.release(self.gathered)
         self.gathered.untyped_storage().resize_(0)
+        self.tracker.release(self.gathered)
 
 
 def swap_module(model: nn.Module, name: str, new: nn.Module) -> None:

@@ -97,11 +97,6 @@ class FunctionLayer(nn.Module):
         return self.function.apply(x, *self.param_tuple, self.shard, *self.extra)
 
 
-def extra_arguments(module: nn.Module) -> tuple:
-    """What a layer's Function needs besides its input, parameters and shard (LayerNorm's eps)."""
-    return (module.eps,) if isinstance(module, nn.LayerNorm) else ()
-
-
 class Zero2(Zero1):
     stage = 2
     FUNCTIONS = {
@@ -121,8 +116,8 @@ class Zero2(Zero1):
             flat_param = self.new_buffer(initial[layer.name], memory.PARAM, layer)
             shard = LayerShard(layer, self.rank, self.tracker, self.dtype, self.in_flight)
             params = [nn.Parameter(view) for view in unflatten(flat_param, layer.shapes)]
-            function = self.functions[type(layer.module)]
-            swap_module(model, layer.name, FunctionLayer(function, params, shard, *extra_arguments(layer.module)))
+            function = self.functions[layer.kind]
+            swap_module(model, layer.name, FunctionLayer(function, params, shard, *layer.extra))
             self.params[layer.name], self.shards[layer.name] = flat_param, shard
 
     def sync_gradients(self) -> None:

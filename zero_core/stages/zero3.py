@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from zero_core import memory
 from zero_core.stages.sharding import InFlightReduceScatter, LayerShard, swap_module
-from zero_core.stages.zero2 import FunctionLayer, Zero2, extra_arguments
+from zero_core.stages.zero2 import FunctionLayer, Zero2
 
 
 class GatherLinear(torch.autograd.Function):
@@ -109,9 +109,9 @@ class Zero3(Zero2):
             self.tracker.register(
                 shard.param, memory.PARAM, padding_elements=layer.partition.padding_of(self.rank), label=layer.name
             )
-            function = self.functions[type(layer.module)]
+            function = self.functions[layer.kind]
             swap_module(
-                model, layer.name, FunctionLayer(function, [shard.param], shard, *extra_arguments(layer.module))
+                model, layer.name, FunctionLayer(function, [shard.param], shard, *layer.extra)
             )
             self.shards[layer.name] = shard
 

@@ -1,0 +1,94 @@
+"""What the memory ledger says against what the ranks really hold, and what the audit costs per step.
+
+Part 1 (the check of issue "memory measured, not declared"): each stage trains one step on N virtual
+GPUs (micro preset); then every storage reachable from each rank's stage object is summed
+(`zero_core.reachable`) and set beside the ledger's total. "unaccounted / Ψ" is the reachable bytes the
+ledger does not name, in multiples of the parameter count; the stages' claim is 0.
+
+Part 2: the audit (`MemoryTracker.audit`, a dispatch mode that sees every tensor operation) runs on a
+stage's setup and on the one step a report instruments. Its cost is printed as the ratio of an audited
+step's cluster wall time to an unaudited one's, the two measured alternately in one run (the machines
+here are shared and noisy: only a ratio measured in one run means anything).
+
+    python benchmarks/bench_memory_audit.py [--world-size 4] [--cost-world-size 32] [--steps 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from zero_core.cluster import INTERCONNECT, VirtualCluster
+from zero_core.context import current
+from zero_core.memory import UNLABELLED, MemoryTracker
+from zero_core.model import count_parameters, preset
+from zero_core.reachable import reachable_storages
+from zero_core.stages import STAGES, TrainConfig
+
+
+def ledger_against_reachable(stage: int) -> tuple[int, int, int, int]:
+    """On a rank, after one step: (ledger total, named bytes, reachable bytes, reachable bytes not named)."""
+    trainer = STAGES[stage](TrainConfig(model=preset("micro")))
+    trainer.train_step(0)
+    tracker = current().tracker
+    held = tracker.held_storages()
+    named = sum(h.nbytes for h in held.values() if h.category not in UNLABELLED)
+    reached = reachable_storages(("stage", trainer), stop=(*INTERCONNECT, MemoryTracker))
+    reachable = sum(r.nbytes for r in reached.values())
+    unnamed = sum(
+        r.nbytes for key, r in reached.items() if key not in held or held[key].category in UNLABELLED
+    )
+    return tracker.current_bytes(), named, reachable, unnamed
+
+
+def audited_step_seconds(stage: int, steps: int) -> tuple[list[float], list[float]]:
+    """Per rank: the seconds of the steps run with the audit and of those run without, alternately."""
+    tracker = current().tracker
+    trainer = STAGES[stage](TrainConfig())
+    trainer.train_step(0, count_activations=False)
+    audited, plain = [], []
+    for step in range(1, 2 * steps + 1):
+        started = time.perf_counter()
+        if step % 2:
+            with tracker.audit():
+                trainer.train_step(step, count_activations=False)
+            audited.append(time.perf_counter() - started)
+        else:
+            trainer.train_step(step, count_activations=False)
+            plain.append(time.perf_counter() - started)
+    return audited, plain
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--world-size", type=int, default=4)
+    parser.add_argument("--cost-world-size", type=int, default=32)
+    parser.add_argument("--steps", type=int, default=4, help="audited and unaudited steps each, alternating")
+    args = parser.parse_args()
+
+    print(f"Ledger against reachable storages after one step, micro preset, N = {args.world_size} (rank 0)")
+    print(f"{'stage':8}{'ledger total (B)':>18}{'named (B)':>12}{'reachable (B)':>15}{'unaccounted / Ψ':>17}")
+    psi = count_parameters(preset("micro"))
+    for stage in sorted(STAGES):
+        rows = VirtualCluster(args.world_size).run(ledger_against_reachable, stage)
+        total, named, reachable, unnamed = rows[0]
+        print(f"ZeRO-{stage:<3}{total:>18,}{named:>12,}{reachable:>15,}{unnamed / psi:>17.2f}")
+
+    print(f"\nAudit cost: tiny preset, N = {args.cost_world_size}, {args.steps} audited and {args.steps} plain steps")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for stage in sorted(STAGES):
+            results = VirtualCluster(args.cost_world_size, timeout_s=120).run(audited_step_seconds, stage, args.steps)
+            audited = statistics.median(max(r[0][k] for r in results) for k in range(args.steps))
+            plain = statistics.median(max(r[1][k] for r in results) for k in range(args.steps))
+            print(f"ZeRO-{stage}: audited step {audited:.3f} s, plain {plain:.3f} s, ratio {audited / plain:.2f}x")
+    finally:
+        torch.set_num_threads(threads)
+
+
+if __name__ == "__main__":
+    main()
