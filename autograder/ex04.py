@@ -26,8 +26,9 @@ GATHER_REGISTER_ADVICE = (
     "gathered buffer: shard.tracker.register(flat, memory.GATHER, padding_elements=shard.partition.padding)."
 )
 GATHER_RELEASE_ADVICE = (
-    "Release the gathered buffer right after the layer's computation (shard.tracker.release(flat)), and "
-    "keep no reference to it (nor to weight/bias views of it) on ctx or in save_for_backward."
+    "Release the gathered buffer right after the layer's computation (shard.tracker.release(flat)) and keep "
+    "no reference to it or to its weight/bias views (not on ctx, not in save_for_backward, not in a list): "
+    "release does not free memory, the buffer counts until nothing references it."
 )
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
+from functools import cache
 from typing import Any, TypeVar
 
 import torch
@@ -35,7 +36,7 @@ from zero_core.cluster import (
 from zero_core.comm import CommLedger
 from zero_core.context import current
 from zero_core.experiment import assemble_master_weights
-from zero_core.memory import MemoryTracker
+from zero_core.memory import MemoryTracker, unaudited
 from zero_core.model import build_model, parameter_layers, preset
 from zero_core.optim import AdamShard
 from zero_core.partition import FlatPartition
@@ -95,7 +96,8 @@ class RecordingAdam(AdamShard):
         self.layer, self.record = layer, record
 
     def step(self, grad: torch.Tensor, step: int) -> None:
-        self.record.adam_grads[(self.layer, current().step)] = grad.detach().clone()
+        with unaudited():
+            self.record.adam_grads[(self.layer, current().step)] = grad.detach().clone()
         super().step(grad, step)
 
 
@@ -115,8 +117,9 @@ class Recording:
                 module.shard = StudentShard(module.shard, self.exercise)
 
     def update_masters(self, grad: torch.Tensor) -> None:
-        for layer, piece in self.master_gradients(grad).items():
-            self.record.adam_grads[(layer, current().step)] = piece.clone()
+        with unaudited():
+            for layer, piece in self.master_gradients(grad).items():
+                self.record.adam_grads[(layer, current().step)] = piece.clone()
         super().update_masters(grad)
 
     def optimizer_step(self) -> bool:
@@ -139,18 +142,30 @@ def graded_stage(stage_cls: type[ZeroStage], exercise: str) -> type[ZeroStage]:
 
 
 def _train_rank(stage_cls: type[ZeroStage], functions: dict | None, steps: int) -> RankRecord:
-    trainer = stage_cls(CONFIG, functions=functions)
-    for step in range(steps):
-        trainer.record.losses.append(trainer.train_step(step))
-    trainer.record.master = trainer.master_shards()
+    """Train under the memory audit: every storage the rank allocates, the student's code included, is on
+    its ledger whether or not the code registers it, and counts for as long as anything keeps it alive."""
+    with current().tracker.audit():
+        trainer = stage_cls(CONFIG, functions=functions)
+        for step in range(steps):
+            trainer.record.losses.append(trainer.train_step(step))
+    with unaudited():
+        trainer.record.master = trainer.master_shards()
     return trainer.record
 
 
 def layer_partitions(world_size: int) -> dict[str, FlatPartition]:
+    return {
+        layer: FlatPartition(sum(shape.numel() for shape in shapes.values()), world_size)
+        for layer, shapes in layer_shapes().items()
+    }
+
+
+@cache
+def layer_shapes() -> dict[str, dict[str, torch.Size]]:
+    """Per parameter layer of the graded model, its parameters' shapes by name ("weight", "bias")."""
     model = build_model(CONFIG.model, CONFIG.seed)
     return {
-        name: FlatPartition(sum(p.numel() for p in module.parameters()), world_size)
-        for name, module in parameter_layers(model)
+        layer: {name: p.shape for name, p in module.named_parameters()} for layer, module in parameter_layers(model)
     }
 
 

@@ -14,7 +14,7 @@ from typing import Any
 from autograder.checks import Check
 from autograder.harness import STEPS, Run, graded_stage, run_once, train
 from autograder.integrity import REFERENCE_MODULES, require_own_code
-from autograder.verdicts import compare_collectives, compare_training
+from autograder.verdicts import check_nothing_left_behind, compare_collectives, compare_training
 from zero_core.stages import ZeroStage
 
 VISIBLE_WORLD_SIZES = [2, 4]
@@ -86,7 +86,8 @@ class StageExercise:
     def memory(self, objects: tuple[Any, ...], world_sizes: list[int]) -> str:
         for label, run, reference in self.runs(objects, world_sizes):
             self.memory_rules(run, reference, label)
-        return f"{self.sizes(world_sizes)} ranks: {self.memory_summary}"
+            check_nothing_left_behind(run, label)
+        return f"{self.sizes(world_sizes)} ranks: {self.memory_summary}; nothing left alive after a pass"
 
     def communication(self, objects: tuple[Any, ...], world_sizes: list[int]) -> str:
         for label, run, reference in self.runs(objects, world_sizes):

@@ -12,9 +12,10 @@ from collections import Counter
 import torch
 
 from autograder.checks import CheckFailed
-from autograder.harness import Run
+from autograder.harness import Run, layer_shapes
 from zero_core.comm import CommEntry
 from zero_core.experiment import OVERFLOW_TAG
+from zero_core.memory import UNTRACKED, Leftover
 
 MAX_LISTED = 4
 
@@ -143,20 +144,6 @@ def registrations(run: Run, rank: int, category: str, step: int) -> list[int]:
     )
 
 
-def held_between_phases(run: Run, rank: int, category: str) -> list[tuple[int, str, int]]:
-    """(step, phase that just ended, bytes of `category` still held) at each end of forward and backward."""
-    held, phase, step, out = 0, None, 0, []
-    for event in run.trackers[rank].timeline:
-        if phase in ("forward", "backward") and (event.phase != phase or event.step != step):
-            out.append((step, phase, held))
-        phase, step = event.phase, event.step
-        if event.category == category:
-            held += event.delta_bytes
-    if phase in ("forward", "backward"):
-        out.append((step, phase, held))
-    return out
-
-
 def compare_peaks(run: Run, reference: Run, category: str, what: str, advice: str) -> None:
     for rank in range(run.world_size):
         got, want = run.trackers[rank].peak_bytes(category), reference.trackers[rank].peak_bytes(category)
@@ -183,14 +170,67 @@ def compare_registrations(run: Run, reference: Run, category: str, what: str, ad
             )
 
 
+SCALAR_BYTES = 8
+"""A storage this small (one number) left alive after a phase is not held against a submission."""
+
+
+def describe_size(nbytes: int) -> str:
+    """What a buffer of `nbytes` could be: the graded model's parameters whose size it has, in 2 or 4 bytes."""
+    matches = []
+    for element_bytes, dtype in ((2, "bf16"), (4, "fp32")):
+        for layer, shapes in layer_shapes().items():
+            sizes = {name: shape.numel() for name, shape in shapes.items()}
+            sizes["weight and bias"] = sum(sizes.values())
+            matches += [f"{layer}'s {name} in {dtype}" for name, n in sizes.items() if n * element_bytes == nbytes]
+    if not matches:
+        return ""
+    more = f" (or {len(matches) - 1} other layer(s) of that size)" if len(matches) > 1 else ""
+    return f", the size of {matches[0]}{more}"
+
+
+def _held_after(run: Run, category: str) -> tuple[int, Leftover] | None:
+    """(rank, largest storage) of `category`, larger than a scalar, at the first end of a training step's
+    phase (forward, backward, gradient sync, optimizer) where a rank held any, ranks in order."""
+    for rank, tracker in enumerate(run.trackers):
+        ends: dict[tuple[int, str], list[Leftover]] = {}
+        for leftover in tracker.leftovers:
+            if leftover.category == category and leftover.phase != "setup" and leftover.nbytes > SCALAR_BYTES:
+                ends.setdefault((leftover.step, leftover.phase), []).append(leftover)
+        if ends:
+            return rank, max(next(iter(ends.values())), key=lambda leftover: leftover.nbytes)
+    return None
+
+
+def _after(leftover: Leftover) -> str:
+    kind = "pass" if leftover.phase in ("forward", "backward") else "phase"
+    return f"after the {leftover.phase} {kind} of step {leftover.step}"
+
+
 def check_released(run: Run, category: str, what: str, advice: str) -> None:
-    for rank in range(run.world_size):
-        for step, phase, held in held_between_phases(run, rank, category):
-            if held:
-                raise CheckFailed(
-                    f"{what}: after the {phase} pass of step {step}, rank {rank} still held {held:,} bytes of "
-                    f"{category}. {advice}"
-                )
+    """Nothing of `category` alive between phases, whoever keeps it alive: the memory audit counts a buffer
+    until it is freed, not until the code says it is done."""
+    found = _held_after(run, category)
+    if found is not None:
+        rank, leftover = found
+        name = f" ({leftover.label})" if leftover.label else describe_size(leftover.nbytes)
+        raise CheckFailed(
+            f"{what}: {_after(leftover)}, rank {rank} still held {leftover.nbytes:,} bytes of {category}{name}. "
+            f"{advice}"
+        )
+
+
+def check_nothing_left_behind(run: Run, what: str) -> None:
+    """No buffer the code made outlives the pass that made it unless the stage names it (a parameter, a
+    gradient shard, an activation saved for backward): wherever it is kept (ctx, a list, a closure, a
+    global, another view of its storage), the audit sees that its storage is still alive."""
+    found = _held_after(run, UNTRACKED)
+    if found is not None:
+        rank, leftover = found
+        raise CheckFailed(
+            f"{what}: {_after(leftover)}, rank {rank} still held a buffer of {leftover.nbytes:,} bytes that no memory category names (made by {leftover.label}"
+            f"{describe_size(leftover.nbytes)}). Something keeps a reference to it (an attribute of ctx or "
+            "shard, a list, a global, a view): under ZeRO no full-size gradient or parameter outlives its layer."
+        )
 
 
 def _key(entry: CommEntry) -> tuple[str, str, int]:

@@ -79,6 +79,7 @@ class WrongSubmission:
 
 
 WRONG = [WrongSubmission.read(path) for path in sorted(FIXTURES.glob("*.py"))]
+UNUSUAL = [WrongSubmission.read(path) for path in sorted((ROOT / "tests" / "fixtures" / "correct").glob("*.py"))]
 
 
 def wrong_params(child: bool) -> list:
@@ -111,6 +112,13 @@ def test_the_untouched_exercise_earns_nothing_and_says_it_is_not_done(assignment
 @pytest.mark.parametrize("wrong", wrong_params(child=False))
 def test_a_wrong_submission_loses_exactly_its_checks(wrong: WrongSubmission, tmp_path: Path) -> None:
     assert_loses_exactly(wrong, grade_in_process(wrong.notebook(tmp_path)))
+
+
+@pytest.mark.parametrize("unusual", [pytest.param(u, id=u.path.stem, marks=marker(u.exercise)) for u in UNUSUAL])
+def test_a_correct_but_unusual_submission_earns_every_point(unusual: WrongSubmission, tmp_path: Path) -> None:
+    results = grade_in_process(unusual.notebook(tmp_path))
+    assert [r.message for r in results if not r.passed] == []
+    assert total(results) == (10, 10)
 
 
 @pytest.mark.parametrize("wrong", wrong_params(child=True))

@@ -204,12 +204,14 @@ def test_the_audit_counts_a_buffer_nobody_registered_until_it_is_freed() -> None
     assert tracker.current_bytes() == 0 and tracker.peak_bytes(memory.UNTRACKED) == 4000
 
 
-def test_views_in_place_and_out_operations_allocate_nothing() -> None:
+def test_views_lists_of_views_in_place_and_out_operations_allocate_nothing() -> None:
     tracker = MemoryTracker()
     base = torch.zeros(1000)
     with tracker.audit():
         base[10:20].add_(1.0)
         base.view(10, 100).t()
+        base.split(300)
+        base.view(10, 100).unbind(0)
         torch.mul(base, 2.0, out=base)
     assert tracker.current_bytes() == 0
 

@@ -42,7 +42,7 @@ from zero_core.cluster import MAX_WORLD_SIZE
 from zero_core.comm import CommLedger
 from zero_core.context import activate
 from zero_core.experiment import StageReport, build_report, equivalence, run_stage, train_on_rank
-from zero_core.memory import MemoryEvent, MemoryTracker
+from zero_core.memory import Leftover, MemoryEvent, MemoryTracker
 from zero_core.model import PRESETS, count_parameters, preset
 from zero_core.stages import TrainConfig
 from zero_core.stages.base import ZERO1_GRAD_SYNCS
@@ -137,6 +137,7 @@ class TrackerSnapshot:
     peaks: dict[str, int]
     current: dict[str, int]
     timeline: list[MemoryEvent]
+    leftovers: list[Leftover]
 
     @classmethod
     def of(cls, tracker: MemoryTracker) -> TrackerSnapshot:
@@ -146,6 +147,7 @@ class TrackerSnapshot:
             tracker.peak_by_category(),
             tracker.current_by_category(),
             list(tracker.timeline),
+            list(tracker.leftovers),
         )
 
     def peak_bytes(self, category: str | None = None) -> int:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from zero_core.context import maybe_current
 
@@ -79,6 +79,20 @@ class MemoryEvent(NamedTuple):
     step: int
 
 
+class Leftover(NamedTuple):
+    """A storage still alive when a phase ended, in a category that should be empty between phases:
+    gathered parameters, gradient buckets, or memory nobody named (`untracked`)."""
+
+    step: int
+    phase: str
+    category: str
+    label: str
+    nbytes: int
+
+
+LEFTOVER_CATEGORIES = (*TRANSIENTS, UNTRACKED)
+
+
 @dataclass(slots=True)
 class HeldStorage:
     """One live storage on the ledger: its category, size, padding and who named it (or what made it)."""
@@ -111,6 +125,8 @@ class MemoryTracker:
         self._peak_total = 0
         self._start = time.perf_counter()
         self.timeline: list[MemoryEvent] = []
+        self.leftovers: list[Leftover] = []
+        """What each phase left alive in `LEFTOVER_CATEGORIES`, one entry per storage (`end_phase`)."""
         self.step = 0
         self.phase = ""
 
@@ -194,8 +210,10 @@ class MemoryTracker:
                 self._resize(held, storage.nbytes())
 
     def end_phase(self) -> None:
-        """A phase ended: re-read every storage's size, and what it left alive that nobody named is untracked."""
+        """A phase ended: re-read every storage's size; what the phase left alive that nobody named is
+        untracked; and every storage left in `LEFTOVER_CATEGORIES` is recorded in `leftovers`."""
         with self._lock:
+            phase, step = self._labels()
             for held in list(self._live.values()):
                 storage = held.ref()
                 if storage is not None and storage.nbytes() != held.nbytes:
@@ -204,6 +222,8 @@ class MemoryTracker:
                     self._count(held, -1)
                     held.category = UNTRACKED
                     self._count(held, 1)
+                if held.category in LEFTOVER_CATEGORIES and held.nbytes:
+                    self.leftovers.append(Leftover(step, phase, held.category, held.label, held.nbytes))
 
     @contextmanager
     def audit(self) -> Iterator[None]:
@@ -320,6 +340,14 @@ class MemoryTracker:
             )
 
 
+@contextmanager
+def unaudited() -> Iterator[None]:
+    """Run the block outside the calling thread's audit (and its other dispatch modes): for an observer's
+    own copies, such as a grader's record of the gradients a rank gave Adam, which are not the rank's."""
+    with _disable_current_modes():
+        yield
+
+
 class StorageAudit(TorchDispatchMode):
     """Counts every storage the thread's tensor operations allocate on `tracker`: nothing made escapes.
 
@@ -336,11 +364,13 @@ class StorageAudit(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        aliases = _aliasing_returns(func)
         outputs = out if isinstance(out, tuple | list) else (out,)
-        for index, item in enumerate(outputs):
+        aliases = _aliasing_returns(func)
+        if len(aliases) == 1:  # one return, perhaps a list: `split` returns a list of views of its input
+            aliases *= len(outputs)
+        for item, alias in zip(outputs, aliases, strict=False):
             if isinstance(item, torch.Tensor):
-                if index < len(aliases) and aliases[index]:
+                if alias:
                     self.tracker.observe_alias(item)
                 else:
                     self.tracker.observe(item, func.__name__)

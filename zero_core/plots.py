@@ -68,7 +68,9 @@ def memory_bars(reports: Sequence[StageReport]) -> Figure:
     """Model states per GPU by category, stacked, activations hatched on top, the formula as a marker.
 
     The bars are the measured means over ranks (ZeRO §5, Figure 1); the markers are the paper's
-    2+2+K bytes per parameter split as the stage prescribes. Padding is drawn, never folded in.
+    2+2+K bytes per parameter split as the stage prescribes. Padding is drawn, never folded in. A red
+    triangle marks the measured peak of everything a rank held at once, temporaries included (the
+    optimizer step's copies put ZeRO-0's above its bar).
     """
     fig = _new_figure()
     ax = fig.add_subplot()
@@ -76,7 +78,7 @@ def memory_bars(reports: Sequence[StageReport]) -> Figure:
         sum(r.model_state_bytes_by_category_mean.values()) + r.padding_bytes_mean + r.activation_peak_bytes_max
         for r in reports
     ]
-    unit, scale = byte_unit(max(totals + [r.formula_bytes for r in reports]))
+    unit, scale = byte_unit(max(totals + [r.formula_bytes for r in reports] + [r.peak_bytes_max for r in reports]))
     x = list(range(len(reports)))
     bottoms = [0.0] * len(reports)
     for category, label in STATE_LABELS.items():
@@ -107,6 +109,16 @@ def memory_bars(reports: Sequence[StageReport]) -> Figure:
         linewidths=2.5,
         zorder=3,
         label="paper's formula (model states)",
+    )
+    ax.plot(
+        x,
+        [r.peak_bytes_max / scale for r in reports],
+        linestyle="none",
+        marker="v",
+        markersize=9,
+        color="#d62728",
+        zorder=4,
+        label="measured peak (every storage, temporaries included)",
     )
     ax.set_xticks(x, [f"{stage_name(r)}\n{MEMORY_FORMULAS[r.stage]}" for r in reports])
     ax.set_xlabel("stage and its model-state formula (ZeRO §5)")
@@ -219,7 +231,8 @@ def _step_events(report: StageReport, rank: int, step: int) -> list[tuple[float,
 
 
 def _transient(held: dict[str, int]) -> int:
-    return sum(held[c] for c in memory.TRANSIENTS)
+    """Bytes that live for one layer or one operation: gathered parameters, buckets, temporaries."""
+    return sum(held[c] for c in (*memory.TRANSIENTS, memory.TEMPORARY))
 
 
 def memory_timeline(report: StageReport, ranks: Sequence[int] = (0,), step: int | None = None) -> Figure:
@@ -229,7 +242,8 @@ def memory_timeline(report: StageReport, ranks: Sequence[int] = (0,), step: int 
     events that carry their label, for the first rank drawn (a phase that allocates nothing, like ZeRO-0's
     in-place all-reduce or the optimizer step, has no events to shade). ZeRO-3's gathered layers show as
     spikes (ZeRO §5.3: one layer at a time); the filled band is the transients (gathered parameters,
-    gradient buckets) inside the total.
+    gradient buckets, and the temporaries every operation allocates, which the memory audit sees) inside
+    the total.
     """
     step = report.steps - 1 if step is None else step
     if not 0 <= step < report.steps:
@@ -248,7 +262,7 @@ def memory_timeline(report: StageReport, ranks: Sequence[int] = (0,), step: int 
         ax.plot(times, totals, drawstyle="steps-post", color=color, linewidth=1.2, label=f"rank {rank}: total")
         if any(transient for _, _, transient, _ in points):
             base = [(total - transient) / scale for _, total, transient, _ in points]
-            label = f"rank {rank}: of which transient (gathered params, grad buckets)"
+            label = f"rank {rank}: of which transient (gathered params, grad buckets, temporaries)"
             ax.fill_between(times, base, totals, step="post", color=color, alpha=0.35, label=label)
         if index == 0:
             _shade_phases(ax, times, [phase for _, _, _, phase in points])
