@@ -32,6 +32,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_step.py
 	$(PY) benchmarks/bench_grading.py
 	$(PY) benchmarks/crosscheck_pytorch.py
+	$(PY) benchmarks/bench_memory_audit.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -6,11 +6,11 @@ GPUs (micro preset); then every storage reachable from each rank's stage object 
 ledger does not name, in multiples of the parameter count; the stages' claim is 0.
 
 Part 2: the audit (`MemoryTracker.audit`, a dispatch mode that sees every tensor operation) runs on a
-stage's setup and on the one step a report instruments. Its cost is printed as the ratio of an audited
-step's cluster wall time to an unaudited one's, the two measured alternately in one run (the machines
-here are shared and noisy: only a ratio measured in one run means anything).
+stage's setup and on the one step a report instruments. Its cost is printed as the ratio of the cluster's
+wall time per step with the audit to without it, runs of each alternating twice in one process (the
+machines here are shared and noisy: only a ratio measured in one run means anything).
 
-    python benchmarks/bench_memory_audit.py [--world-size 4] [--cost-world-size 32] [--steps 4]
+    python benchmarks/bench_memory_audit.py [--world-size 4] [--cost-world-size 32] [--steps 3]
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from contextlib import nullcontext
 
 import torch
 
@@ -44,29 +45,29 @@ def ledger_against_reachable(stage: int) -> tuple[int, int, int, int]:
     return tracker.current_bytes(), named, reachable, unnamed
 
 
-def audited_step_seconds(stage: int, steps: int) -> tuple[list[float], list[float]]:
-    """Per rank: the seconds of the steps run with the audit and of those run without, alternately."""
-    tracker = current().tracker
+def timed_steps(stage: int, steps: int, audited: bool) -> tuple[float, float]:
+    """On a rank: (start, end) of `steps` training steps after a warm-up one, with or without the audit."""
     trainer = STAGES[stage](TrainConfig())
     trainer.train_step(0, count_activations=False)
-    audited, plain = [], []
-    for step in range(1, 2 * steps + 1):
-        started = time.perf_counter()
-        if step % 2:
-            with tracker.audit():
-                trainer.train_step(step, count_activations=False)
-            audited.append(time.perf_counter() - started)
-        else:
+    tracker = current().tracker
+    started = time.perf_counter()
+    for step in range(1, steps + 1):
+        with tracker.audit() if audited else nullcontext():
             trainer.train_step(step, count_activations=False)
-            plain.append(time.perf_counter() - started)
-    return audited, plain
+    return started, time.perf_counter()
+
+
+def cluster_step_seconds(stage: int, world_size: int, steps: int, audited: bool) -> float:
+    """The cluster's wall time per step: from the first rank starting to the last rank finishing."""
+    bounds = VirtualCluster(world_size, timeout_s=120).run(timed_steps, stage, steps, audited)
+    return (max(end for _, end in bounds) - min(start for start, _ in bounds)) / steps
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--world-size", type=int, default=4)
     parser.add_argument("--cost-world-size", type=int, default=32)
-    parser.add_argument("--steps", type=int, default=4, help="audited and unaudited steps each, alternating")
+    parser.add_argument("--steps", type=int, default=3, help="timed steps per run")
     args = parser.parse_args()
 
     print(f"Ledger against reachable storages after one step, micro preset, N = {args.world_size} (rank 0)")
@@ -77,15 +78,23 @@ def main() -> None:
         total, named, reachable, unnamed = rows[0]
         print(f"ZeRO-{stage:<3}{total:>18,}{named:>12,}{reachable:>15,}{unnamed / psi:>17.2f}")
 
-    print(f"\nAudit cost: tiny preset, N = {args.cost_world_size}, {args.steps} audited and {args.steps} plain steps")
+    print(
+        f"\nAudit cost: tiny preset, N = {args.cost_world_size}, {args.steps} steps a run, "
+        "plain and audited runs alternating"
+    )
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         for stage in sorted(STAGES):
-            results = VirtualCluster(args.cost_world_size, timeout_s=120).run(audited_step_seconds, stage, args.steps)
-            audited = statistics.median(max(r[0][k] for r in results) for k in range(args.steps))
-            plain = statistics.median(max(r[1][k] for r in results) for k in range(args.steps))
-            print(f"ZeRO-{stage}: audited step {audited:.3f} s, plain {plain:.3f} s, ratio {audited / plain:.2f}x")
+            plain, audited = [], []
+            for _ in range(2):
+                plain.append(cluster_step_seconds(stage, args.cost_world_size, args.steps, audited=False))
+                audited.append(cluster_step_seconds(stage, args.cost_world_size, args.steps, audited=True))
+            ratio = statistics.median(audited) / statistics.median(plain)
+            print(
+                f"ZeRO-{stage}: plain {statistics.median(plain):.3f} s/step, audited "
+                f"{statistics.median(audited):.3f} s/step, ratio {ratio:.2f}x"
+            )
     finally:
         torch.set_num_threads(threads)
 

@@ -105,8 +105,9 @@ def train_on_rank(
     The last step counts FLOPs per phase and the activations autograd saves, and audits every storage
     the rank allocates (`MemoryTracker.audit`), as does the stage's setup: its memory peaks are the
     report's, true peaks of live bytes with every temporary in them. The audit sees each tensor
-    operation, which makes a step about 2.5x slower, so the steps between run without it; what they
-    allocate and keep would be missed, and a test walking every storage the stages hold finds none.
+    operation, which makes a step 1.6-2.8x slower at N = 32 (`benchmarks/bench_memory_audit.py`), so the
+    steps between run without it; what they allocate and keep would be missed, and a test walking every
+    storage the stages hold finds none.
     Runs the same on a virtual-cluster thread and in a torchrun process.
     """
     tracker = current().tracker
