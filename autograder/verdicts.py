@@ -227,9 +227,10 @@ def check_nothing_left_behind(run: Run, what: str) -> None:
     if found is not None:
         rank, leftover = found
         raise CheckFailed(
-            f"{what}: {_after(leftover)}, rank {rank} still held a buffer of {leftover.nbytes:,} bytes that no memory category names (made by {leftover.label}"
-            f"{describe_size(leftover.nbytes)}). Something keeps a reference to it (an attribute of ctx or "
-            "shard, a list, a global, a view): under ZeRO no full-size gradient or parameter outlives its layer."
+            f"{what}: {_after(leftover)}, rank {rank} still held a buffer of {leftover.nbytes:,} bytes that no "
+            f"memory category names (made by {leftover.label}{describe_size(leftover.nbytes)}). Something keeps a "
+            "reference to it (an attribute of ctx or shard, a list, a global, a view): under ZeRO no full-size "
+            "gradient or parameter outlives its layer."
         )
 
 

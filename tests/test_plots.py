@@ -10,7 +10,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.collections import PolyCollection
 from matplotlib.figure import Figure
 
-from zero_core import plots
+from zero_core import memory, plots
 from zero_core.cli import main
 from zero_core.experiment import compare_stages
 from zero_core.model import preset
@@ -86,9 +86,13 @@ def test_zero3_timeline_shows_the_gathered_layers_as_transient_spikes(reports) -
     assert spikes >= 10, "one spike per gathered layer, forward and backward"
 
 
-def test_zero0_timeline_has_no_transients(reports) -> None:
-    ax = plots.memory_timeline(reports[0]).axes[0]
-    assert not any("transient" in c.get_label() for c in ax.collections)
+def test_zero0_timeline_shows_its_optimizer_temporaries_and_no_layer_transients(reports) -> None:
+    report = reports[0]
+    ax = plots.memory_timeline(report).axes[0]
+    assert any("transient" in c.get_label() for c in ax.collections)
+    peaks = report.peak_bytes_by_category_max
+    assert peaks[memory.GATHER] == peaks[memory.GRAD_BUCKET] == 0
+    assert peaks[memory.TEMPORARY] >= 6 * report.psi, "the optimizer's bf16 concatenation (2Ψ) and its fp32 copy (4Ψ)"
 
 
 def test_memory_timeline_refuses_a_step_that_did_not_run(reports) -> None:

@@ -75,7 +75,10 @@ def memory_bars(reports: Sequence[StageReport]) -> Figure:
     fig = _new_figure()
     ax = fig.add_subplot()
     totals = [
-        sum(r.model_state_bytes_by_category_mean.values()) + r.padding_bytes_mean + r.activation_peak_bytes_max
+        sum(r.model_state_bytes_by_category_mean.values())
+        + r.padding_bytes_mean
+        + r.activation_peak_bytes_max
+        + r.untracked_bytes_max
         for r in reports
     ]
     unit, scale = byte_unit(max(totals + [r.formula_bytes for r in reports] + [r.peak_bytes_max for r in reports]))
@@ -101,6 +104,10 @@ def memory_bars(reports: Sequence[StageReport]) -> Figure:
         hatch="//",
         label="activations (peak, max over ranks)",
     )
+    if any(r.untracked_bytes_max for r in reports):
+        bottoms = [b + a for b, a in zip(bottoms, activations, strict=True)]
+        untracked = [r.untracked_bytes_max / scale for r in reports]
+        ax.bar(x, untracked, bottom=bottoms, width=0.6, color="#d62728", label="untracked (held, named by nobody)")
     ax.hlines(
         [r.formula_bytes / scale for r in reports],
         [xi - 0.36 for xi in x],
