@@ -247,7 +247,7 @@ def memory_timeline(report: StageReport, ranks: Sequence[int] = (0,), step: int 
 
     Time runs on each rank's memory-ledger clock from the step's first event; phases are shaded over the
     events that carry their label, for the first rank drawn (a phase that allocates nothing, like ZeRO-0's
-    in-place all-reduce or the optimizer step, has no events to shade). ZeRO-3's gathered layers show as
+    in-place all-reduce, has no events to shade). ZeRO-3's gathered layers show as
     spikes (ZeRO §5.3: one layer at a time); the filled band is the transients (gathered parameters,
     gradient buckets, and the temporaries every operation allocates, which the memory audit sees) inside
     the total.
