@@ -1,17 +1,26 @@
-"""What a check is, what it returns, and the two ways to run one: in a notebook, and for a grade.
+"""What a check is, what it returns, and the ways to run one: in a notebook, and for a grade.
 
-A check is a function that takes the student's objects (a class, a function, numbers), runs them, and
-either returns a one-line success message or raises `CheckFailed` with a message that says what was
-expected, what was seen, and where to look. Each exercise lists its checks as `Check`s, with the points
-each is worth and the grade id of the nbgrader test cell that runs it, so that nbgrader and the
-`python -m autograder` commands give the same points for the same code.
+A check has two halves, so that a grade can be decided where the student's code never runs:
+
+- `observe(*objects, **kwargs)` runs the student's objects (a class, a function, numbers) and returns
+  what it saw as plain JSON data: losses, weights, ledgers, memory observations, returned values. It runs
+  wherever the student's code runs, and its data is only evidence: it can be wrong, or forged.
+- `judge(observation, **kwargs)` compares that data with what the course's own reference gives, and either
+  returns a one-line success message or raises `CheckFailed` with a message that says what was expected,
+  what was seen, and where to look. It validates the data first (`ObservationInvalid`): data that is not
+  what `observe` makes earns nothing.
+
+`graded(observe, judge)` makes the two into the function a notebook's test cell calls. Each exercise lists
+its checks as `Check`s, with the points each is worth and the grade id of the nbgrader test cell that runs
+it, so that nbgrader and the `python -m autograder` commands give the same points for the same code.
 
 - In a notebook, a test cell calls the check directly (`grader.check_training(ReduceScatterLinear,
-  world_sizes=[2, 4])`): success prints one line on stdout, failure raises `AssertionError`. Whatever the
-  student's code writes to stderr or warns is captured and shown on stdout instead, because nbgrader
-  scores a test cell that writes to stderr as failed.
-- For a grade, `run_check` calls it with the objects found in a submission and returns a `CheckResult`;
-  any exception, the student's or the check's, costs that check's points and nothing else.
+  world_sizes=[2, 4])`): both halves run in the kernel, success prints one line on stdout, failure raises
+  `AssertionError`. Whatever the student's code writes to stderr or warns is captured and shown on stdout
+  instead, because nbgrader scores a test cell that writes to stderr as failed.
+- For a grade (`autograder.sandbox`), a child process runs `observe` and writes the observation; the
+  parent, which never runs student code, runs `judge` and assigns the points. `run_check` does both in
+  one process (tests), passing the observation through JSON as the child does.
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import io
+import json
 import sys
 import traceback
 import warnings
@@ -32,6 +42,10 @@ MAX_CAPTURED_CHARS = 2000
 
 class CheckFailed(AssertionError):
     """A check's verdict: the student's code does not do what the exercise asks; the message says why."""
+
+
+class ObservationInvalid(CheckFailed):
+    """The data a check's `observe` returned is not what it makes: 0 points, whatever it claims."""
 
 
 @dataclass(frozen=True)
@@ -89,6 +103,27 @@ def _tail(text: str) -> str:
     return text if len(text) <= MAX_CAPTURED_CHARS else "..." + text[-MAX_CAPTURED_CHARS:]
 
 
+def through_json(observation: Any) -> Any:
+    """The observation as the parent receives it from the child: JSON, nothing else survives."""
+    return json.loads(json.dumps(observation))
+
+
+def graded(name: str, observe: Callable[..., Any], judge: Callable[..., str], doc: str = "") -> Callable[..., None]:
+    """The check called `name` that a test cell calls: observe the student's objects, judge the observation,
+    in this process. The cell prints the verdict on stdout and raises AssertionError on failure; `.observe`
+    and `.judge` are the halves the grader runs in two processes.
+    """
+
+    def check(*objects: Any, **kwargs: Any) -> str:
+        return judge(through_json(observe(*objects, **kwargs)), **kwargs)
+
+    check.__name__ = check.__qualname__ = name
+    check.__doc__ = doc or judge.__doc__
+    run_in_cell = notebook_check(check)
+    run_in_cell.observe, run_in_cell.judge = observe, judge
+    return run_in_cell
+
+
 def notebook_check(function: Callable[..., str]) -> Callable[..., None]:
     """Make a check callable from a test cell: print the verdict on stdout, raise AssertionError on failure."""
 
@@ -131,23 +166,51 @@ def describe_exception(error: BaseException, limit: int = 3) -> str:
     return f"{text}\n{where}" if where else text
 
 
-def run_check(check: Check, namespace: dict[str, Any]) -> CheckResult:
-    """Run `check` on the objects a submission defined; never raises (except KeyboardInterrupt)."""
+@dataclass(frozen=True)
+class Observed:
+    """What the observing half of a check produced: an observation to judge, or why there is none."""
+
+    observation: Any = None
+    failure: str | None = None
+
+
+def observe_check(check: Check, namespace: dict[str, Any]) -> Observed:
+    """Run the observing half on the objects a submission defined; never raises (except KeyboardInterrupt)."""
     missing = [name for name in check.names if name not in namespace]
     if missing:
-        message = f"the notebook defines no {', '.join(f'`{name}`' for name in missing)}"
-        return CheckResult(check.name, 0, check.points, message)
-    function = getattr(check.function, "check", check.function)
+        return Observed(failure=f"the notebook defines no {', '.join(f'`{name}`' for name in missing)}")
     try:
         with captured_output():
-            message = function(*(namespace[name] for name in check.names), **check.kwargs)
+            return Observed(check.function.observe(*(namespace[name] for name in check.names), **check.kwargs))
     except CheckFailed as failure:
-        return CheckResult(check.name, 0, check.points, str(failure))
+        return Observed(failure=str(failure))
     except KeyboardInterrupt:
         raise
     except BaseException as error:  # the student's code may raise anything, SystemExit included
-        return CheckResult(check.name, 0, check.points, f"the check stopped with {describe_exception(error)}")
+        return Observed(failure=f"the check stopped with {describe_exception(error)}")
+
+
+def judge_check(check: Check, observation: Any) -> CheckResult:
+    """The verdict on an observation, with the check's points or none: never more than `check.points`."""
+    try:
+        message = check.function.judge(observation, **check.kwargs)
+    except CheckFailed as failure:
+        return CheckResult(check.name, 0, check.points, str(failure))
+    except Exception as error:  # data the judge cannot read is data observe did not make
+        return CheckResult(check.name, 0, check.points, f"the observation could not be judged ({error!r})")
     return CheckResult(check.name, check.points, check.points, message)
+
+
+def run_check(check: Check, namespace: dict[str, Any]) -> CheckResult:
+    """Observe and judge in this process, the observation passed through JSON as between two processes."""
+    observed = observe_check(check, namespace)
+    if observed.failure is not None:
+        return CheckResult(check.name, 0, check.points, observed.failure)
+    try:
+        observation = through_json(observed.observation)
+    except (TypeError, ValueError) as error:
+        return CheckResult(check.name, 0, check.points, f"the observation is not JSON data ({error})")
+    return judge_check(check, observation)
 
 
 def total(results: list[CheckResult]) -> tuple[float, float]:

@@ -9,12 +9,13 @@ buffer of `numel` elements padded the same way.
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from autograder.checks import Check, CheckFailed, notebook_check
+from autograder.checks import Check, CheckFailed, ObservationInvalid, graded
 from autograder.harness import COLLECTIVE_TIMEOUT_S, RUN_DEADLINE_S, run_once
 from autograder.integrity import REFERENCE_MODULES, require_own_code
 from zero_core import comm, dist
@@ -76,6 +77,83 @@ def _integrity(objects: dict) -> None:
     require_own_code(objects, ALL_REDUCE + RING_BYTES, FORBIDDEN, ASSIGNMENT)
 
 
+def _values(tensor: object, numel: int) -> str | None:
+    """A tensor of `numel` elements as base64 fp32 (exact for bf16 and fp32); None for anything else."""
+    if not isinstance(tensor, torch.Tensor) or tensor.numel() != numel or not tensor.dtype.is_floating_point:
+        return None
+    return base64.b64encode(tensor.detach().float().contiguous().numpy().tobytes()).decode("ascii")
+
+
+def _read_values(encoded: object, shape: tuple[int, ...], dtype: torch.dtype, what: str) -> torch.Tensor:
+    numel = torch.Size(shape).numel()
+    try:
+        raw = base64.b64decode(encoded, validate=True) if isinstance(encoded, str) else b""
+    except ValueError:
+        raw = b""
+    if len(raw) != 4 * numel:
+        raise ObservationInvalid(f"the grading process returned malformed data ({what}): no points")
+    return torch.frombuffer(bytearray(raw), dtype=torch.float32).view(shape).to(dtype)
+
+
+def observe_all_reduce(my_all_reduce: Callable, world_sizes: list[int]) -> dict:
+    """Per N: every rank's tensor after the call, what the call returned, and rank 0's collectives per case."""
+    _integrity({"my_all_reduce": my_all_reduce})
+    runs: dict[str, dict] = {}
+    for n in world_sizes:
+        try:
+            outcomes = _run(my_all_reduce, n)
+        except CheckFailed as failure:
+            runs[str(n)] = {"failure": str(failure)}
+            continue
+        sizes = [torch.Size(shape).numel() for shape, _ in CASES]
+        runs[str(n)] = {
+            "results": [[_values(o.result, k) for o, k in zip(cases, sizes, strict=True)] for cases in outcomes],
+            "returned": [[_values(o.returned, k) for o, k in zip(cases, sizes, strict=True)] for cases in outcomes],
+            "collectives": [[list(c) for c in o.collectives] for o in outcomes[0]],
+        }
+    return {"runs": runs}
+
+
+def _outcomes(observation: object, world_size: int) -> list[list[CaseOutcome]]:
+    """The observed outcomes on `world_size` ranks, validated; CheckFailed for a run that failed."""
+    runs = observation.get("runs") if isinstance(observation, dict) else None
+    entry = runs.get(str(world_size)) if isinstance(runs, dict) else None
+    if isinstance(entry, dict) and isinstance(entry.get("failure"), str):
+        raise CheckFailed(entry["failure"][:4000])
+    bad = ObservationInvalid(f"the grading process returned malformed data ({world_size} ranks): no points")
+    if not isinstance(entry, dict) or not all(isinstance(entry.get(k), list) for k in ("results", "returned")):
+        raise bad
+    results, returned, collectives = entry["results"], entry["returned"], entry.get("collectives")
+    if len(results) != world_size or len(returned) != world_size or not isinstance(collectives, list):
+        raise bad
+    if len(collectives) != len(CASES) or any(len(r) != len(CASES) for r in (*results, *returned)):
+        raise bad
+    outcomes = []
+    for rank in range(world_size):
+        per_case = []
+        for case, (shape, dtype) in enumerate(CASES):
+            what = f"rank {rank}, case {case}"
+            result = _read_values(results[rank][case], shape, dtype, what)
+            back = returned[rank][case]
+            back = None if back is None else _read_values(back, shape, dtype, what)
+            seen = collectives[case] if rank == 0 else []
+            if not all(_is_collective(c) for c in seen):
+                raise bad
+            per_case.append(CaseOutcome(result, back, [tuple(c) for c in seen]))
+        outcomes.append(per_case)
+    return outcomes
+
+
+def _is_collective(entry: object) -> bool:
+    return (
+        isinstance(entry, list)
+        and len(entry) == 3
+        and isinstance(entry[0], str)
+        and isinstance(entry[1], str)
+        and isinstance(entry[2], int)
+    )
+
+
 def _expected_sum(case: int, world_size: int) -> torch.Tensor:
     shape, dtype = CASES[case]
     inputs = [case_input(shape, dtype, case, r).reshape(-1) for r in range(world_size)]
@@ -118,29 +196,33 @@ def _check_collectives(outcomes: list[list[CaseOutcome]], world_size: int) -> No
             )
 
 
-@notebook_check
-def check_all_reduce(my_all_reduce: Callable, world_sizes: list[int]) -> str:
+def judge_all_reduce(observation: object, world_sizes: list[int]) -> str:
     """my_all_reduce gives every rank the sum, in place, bit for bit as dist.all_reduce."""
-    _integrity({"my_all_reduce": my_all_reduce})
     for n in world_sizes:
-        _check_values(_run(my_all_reduce, n), n)
+        _check_values(_outcomes(observation, n), n)
     return f"{', '.join(map(str, world_sizes))} ranks, {len(CASES)} shapes and dtypes: the exact sum, in place"
 
 
-@notebook_check
-def check_all_reduce_collectives(my_all_reduce: Callable, world_sizes: list[int]) -> str:
+def judge_all_reduce_collectives(observation: object, world_sizes: list[int]) -> str:
     """Exactly one reduce-scatter then one all-gather of the padded buffer: the ring all-reduce's volume."""
-    _integrity({"my_all_reduce": my_all_reduce})
     for n in world_sizes:
-        _check_collectives(_run(my_all_reduce, n), n)
+        _check_collectives(_outcomes(observation, n), n)
     return f"{', '.join(map(str, world_sizes))} ranks: one reduce-scatter and one all-gather of the padded buffer"
 
 
-@notebook_check
-def check_all_reduce_values_and_collectives(my_all_reduce: Callable, world_sizes: list[int]) -> str:
-    values = check_all_reduce.check(my_all_reduce, world_sizes)
-    collectives = check_all_reduce_collectives.check(my_all_reduce, world_sizes).split(": ", 1)[1]
+def judge_all_reduce_values_and_collectives(observation: object, world_sizes: list[int]) -> str:
+    values = judge_all_reduce(observation, world_sizes)
+    collectives = judge_all_reduce_collectives(observation, world_sizes).split(": ", 1)[1]
     return f"{values}; {collectives}"
+
+
+check_all_reduce = graded("check_all_reduce", observe_all_reduce, judge_all_reduce)
+check_all_reduce_collectives = graded(
+    "check_all_reduce_collectives", observe_all_reduce, judge_all_reduce_collectives
+)
+check_all_reduce_values_and_collectives = graded(
+    "check_all_reduce_values_and_collectives", observe_all_reduce, judge_all_reduce_values_and_collectives
+)
 
 
 def expected_ring_bytes(op: str, numel: int, element_size: int, world_size: int) -> int:
@@ -148,27 +230,46 @@ def expected_ring_bytes(op: str, numel: int, element_size: int, world_size: int)
     return comm.ring_bytes(op, padded * element_size, element_size, world_size, rank=0)[0]
 
 
-@notebook_check
-def check_ring_bytes(ring_bytes_sent: Callable, world_sizes: list[int]) -> str:
-    """Bytes one rank sends on a ring, for each collective, on buffers padded to a multiple of N."""
+def _ring_calls(world_sizes: list[int]) -> list[tuple[str, int, int, int]]:
+    return [
+        (op, numel, element_size, n)
+        for n in world_sizes
+        for op in OPS
+        for numel in (1, 10, 1000, 4224, 17_440)
+        for element_size in (2, 4)
+    ]
+
+
+def observe_ring_bytes(ring_bytes_sent: Callable, world_sizes: list[int]) -> dict:
     _integrity({"ring_bytes_sent": ring_bytes_sent})
-    count = 0
-    for n in world_sizes:
-        for op in OPS:
-            for numel in (1, 10, 1000, 4224, 17_440):
-                for element_size in (2, 4):
-                    expected = expected_ring_bytes(op, numel, element_size, n)
-                    got = ring_bytes_sent(op, numel, element_size, n)
-                    count += 1
-                    if got != expected:
-                        chunk = -(-numel // n)
-                        raise CheckFailed(
-                            f"ring_bytes_sent({op!r}, numel={numel}, element_size={element_size}, world_size={n}) "
-                            f"returned {got!r}; expected {expected}. The buffer is padded to {chunk * n} elements, "
-                            f"{chunk} per rank; a reduce-scatter or all-gather sends N-1 chunks per rank, an "
-                            "all-reduce twice that (ZeRO §7.1)."
-                        )
-    return f"{count} cases on {', '.join(map(str, world_sizes))} ranks: the ring's bytes per rank"
+    returned = []
+    for call in _ring_calls(world_sizes):
+        got = ring_bytes_sent(*call)
+        returned.append(got if got is None or isinstance(got, bool | int | float) else {"repr": repr(got)[:200]})
+    return {"returned": returned}
+
+
+def judge_ring_bytes(observation: object, world_sizes: list[int]) -> str:
+    """Bytes one rank sends on a ring, for each collective, on buffers padded to a multiple of N."""
+    calls = _ring_calls(world_sizes)
+    returned = observation.get("returned") if isinstance(observation, dict) else None
+    if not isinstance(returned, list) or len(returned) != len(calls):
+        raise ObservationInvalid("the grading process returned malformed data (not one value per call): no points")
+    for (op, numel, element_size, n), got in zip(calls, returned, strict=True):
+        expected = expected_ring_bytes(op, numel, element_size, n)
+        if isinstance(got, bool) or not isinstance(got, int | float) or got != expected:
+            shown = got["repr"] if isinstance(got, dict) and isinstance(got.get("repr"), str) else got
+            chunk = -(-numel // n)
+            raise CheckFailed(
+                f"ring_bytes_sent({op!r}, numel={numel}, element_size={element_size}, world_size={n}) "
+                f"returned {shown!r}; expected {expected}. The buffer is padded to {chunk * n} elements, "
+                f"{chunk} per rank; a reduce-scatter or all-gather sends N-1 chunks per rank, an "
+                "all-reduce twice that (ZeRO §7.1)."
+            )
+    return f"{len(calls)} cases on {', '.join(map(str, world_sizes))} ranks: the ring's bytes per rank"
+
+
+check_ring_bytes = graded("check_ring_bytes", observe_ring_bytes, judge_ring_bytes)
 
 
 CHECKS = (

@@ -16,9 +16,10 @@ from pathlib import Path
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from autograder.checks import CheckFailed, notebook_check
-from autograder.harness import Recording, Run
-from autograder.stage_checks import StageExercise, stage_exercise_checks
+from autograder.checks import CheckFailed
+from autograder.harness import Recording
+from autograder.records import Run
+from autograder.stage_checks import StageExercise
 from zero_core import cluster, dist
 from zero_core.stages import Zero1
 
@@ -107,28 +108,10 @@ EXERCISE = StageExercise(
 )
 
 
-@notebook_check
-def check_training(zero1_step: Callable[..., None], world_sizes: list[int]) -> str:
-    """Train ZeRO-1 with your step on each N; losses and master weights must equal the reference's."""
-    return EXERCISE.training((zero1_step,), world_sizes)
+check_training = EXERCISE.check_training
+check_memory = EXERCISE.check_memory
+check_communication = EXERCISE.check_communication
+check_memory_and_communication = EXERCISE.check_memory_and_communication
 
-
-@notebook_check
-def check_memory(zero1_step: Callable[..., None], world_sizes: list[int]) -> str:
-    """No fp32 tensor larger than the owned chunk."""
-    return EXERCISE.memory((zero1_step,), world_sizes)
-
-
-@notebook_check
-def check_communication(zero1_step: Callable[..., None], world_sizes: list[int]) -> str:
-    """The reference's collectives, op for op and byte for byte."""
-    return EXERCISE.communication((zero1_step,), world_sizes)
-
-
-@notebook_check
-def check_memory_and_communication(zero1_step: Callable[..., None], world_sizes: list[int]) -> str:
-    return EXERCISE.memory_and_communication((zero1_step,), world_sizes)
-
-
-NAMES = ("zero1_step",)
-CHECKS = stage_exercise_checks(NAMES, check_training, check_memory, check_communication, check_memory_and_communication)
+NAMES = EXERCISE.names
+CHECKS = EXERCISE.checks()

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import torch.nn as nn
 
-from autograder.checks import notebook_check
-from autograder.harness import Run, graded_stage
-from autograder.stage_checks import StageExercise, stage_exercise_checks
+from autograder.harness import graded_stage
+from autograder.records import Run
+from autograder.stage_checks import StageExercise
 from autograder.verdicts import (
     ACTIVATIONS_ADVICE,
     GRAD_ADVICE,
@@ -51,28 +51,10 @@ EXERCISE = StageExercise(
 )
 
 
-@notebook_check
-def check_training(ReduceScatterLinear: type, world_sizes: list[int]) -> str:
-    """Train ZeRO-2 with your Function on each N; losses and master weights must equal the reference's."""
-    return EXERCISE.training((ReduceScatterLinear,), world_sizes)
+check_training = EXERCISE.check_training
+check_memory = EXERCISE.check_memory
+check_communication = EXERCISE.check_communication
+check_memory_and_communication = EXERCISE.check_memory_and_communication
 
-
-@notebook_check
-def check_memory(ReduceScatterLinear: type, world_sizes: list[int]) -> str:
-    """No full gradient kept; the gradient bucket registered, one layer at a time."""
-    return EXERCISE.memory((ReduceScatterLinear,), world_sizes)
-
-
-@notebook_check
-def check_communication(ReduceScatterLinear: type, world_sizes: list[int]) -> str:
-    """The reference's collectives, op for op and byte for byte."""
-    return EXERCISE.communication((ReduceScatterLinear,), world_sizes)
-
-
-@notebook_check
-def check_memory_and_communication(ReduceScatterLinear: type, world_sizes: list[int]) -> str:
-    return EXERCISE.memory_and_communication((ReduceScatterLinear,), world_sizes)
-
-
-NAMES = ("ReduceScatterLinear",)
-CHECKS = stage_exercise_checks(NAMES, check_training, check_memory, check_communication, check_memory_and_communication)
+NAMES = EXERCISE.names
+CHECKS = EXERCISE.checks()

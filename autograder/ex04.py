@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import torch.nn as nn
 
-from autograder.checks import notebook_check
 from autograder.ex03 import gradient_memory_rules
-from autograder.harness import Run, graded_stage
-from autograder.stage_checks import StageExercise, stage_exercise_checks
+from autograder.harness import graded_stage
+from autograder.records import Run
+from autograder.stage_checks import StageExercise
 from autograder.verdicts import check_released, compare_peaks, compare_registrations
 from zero_core import memory
 from zero_core.stages import Zero3
@@ -57,28 +57,10 @@ EXERCISE = StageExercise(
 )
 
 
-@notebook_check
-def check_training(GatherLinear: type, GatherEmbedding: type, world_sizes: list[int]) -> str:
-    """Train ZeRO-3 with your Functions on each N; losses and master weights must equal the reference's."""
-    return EXERCISE.training((GatherLinear, GatherEmbedding), world_sizes)
+check_training = EXERCISE.check_training
+check_memory = EXERCISE.check_memory
+check_communication = EXERCISE.check_communication
+check_memory_and_communication = EXERCISE.check_memory_and_communication
 
-
-@notebook_check
-def check_memory(GatherLinear: type, GatherEmbedding: type, world_sizes: list[int]) -> str:
-    """Gathered parameters live only while their layer computes; no full gradient is kept."""
-    return EXERCISE.memory((GatherLinear, GatherEmbedding), world_sizes)
-
-
-@notebook_check
-def check_communication(GatherLinear: type, GatherEmbedding: type, world_sizes: list[int]) -> str:
-    """The reference's collectives, op for op and byte for byte."""
-    return EXERCISE.communication((GatherLinear, GatherEmbedding), world_sizes)
-
-
-@notebook_check
-def check_memory_and_communication(GatherLinear: type, GatherEmbedding: type, world_sizes: list[int]) -> str:
-    return EXERCISE.memory_and_communication((GatherLinear, GatherEmbedding), world_sizes)
-
-
-NAMES = ("GatherLinear", "GatherEmbedding")
-CHECKS = stage_exercise_checks(NAMES, check_training, check_memory, check_communication, check_memory_and_communication)
+NAMES = EXERCISE.names
+CHECKS = EXERCISE.checks()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from autograder.checks import Check, CheckFailed, notebook_check
+from autograder.checks import Check, CheckFailed, ObservationInvalid, graded
 from autograder.integrity import REFERENCE_MODULES, require_own_code
 from zero_core import formulas
 
@@ -43,117 +43,126 @@ def _signature(name: str, kwargs: dict) -> str:
     return f"{name}({', '.join(f'{k}={v:g}' if isinstance(v, float) else f'{k}={v!r}' for k, v in kwargs.items())})"
 
 
-def _expect(function: Callable, name: str, expected: float | None, why: str, **kwargs: object) -> None:
-    got = function(**kwargs)
-    if not _same(got, expected):
-        raise CheckFailed(f"{_signature(name, kwargs)} returned {got!r}; expected {expected!r}: {why}")
+def _as_data(value: object) -> object:
+    """A returned value as JSON data: numbers and None as they are, anything else as its repr."""
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    return {"repr": repr(value)[:200]}
 
 
-def _model_state_bytes(model_state_bytes: Callable, psis: list[float], world_sizes: list[int]) -> int:
-    count = 0
-    for stage in formulas.STAGES:
-        for psi in psis:
-            for n in world_sizes:
-                expected = formulas.model_state_bytes(stage, psi, n)
-                why = f"{MEMORY_FORMULAS[stage]} bytes (ZeRO §5, Figure 1; K = 12, 2-byte parameters and gradients)"
-                _expect(model_state_bytes, "model_state_bytes", expected, why, stage=stage, psi=psi, n_gpus=n)
-                count += 1
-    return count
+def _as_shown(value: object) -> object:
+    return value["repr"] if isinstance(value, dict) and isinstance(value.get("repr"), str) else value
 
 
-def _largest_and_fewest(
-    largest_model: Callable, fewest_gpus: Callable, psis: list[float], world_sizes: list[int]
-) -> int:
-    count = 0
-    for stage in formulas.STAGES:
-        for n in world_sizes:
-            for memory_gb in (16, 32, 80):
-                expected = formulas.largest_model_params(memory_gb * GB, n, stage)
-                why = f"the Ψ with {MEMORY_FORMULAS[stage]} = {memory_gb} GB (ZeRO Table 2)"
-                _expect(
-                    largest_model,
-                    "largest_model",
-                    expected,
-                    why,
-                    stage=stage,
-                    n_gpus=n,
-                    gpu_memory_bytes=memory_gb * GB,
-                )
-                count += 1
-        for psi in psis:
-            for memory_gb in (16, 32, 80):
-                expected = formulas.plan(psi, memory_gb * GB, tuple(POWERS_OF_TWO))[stage]
-                why = "the first count in gpu_counts whose per-GPU model states fit, or None"
-                _expect(
-                    fewest_gpus,
-                    "fewest_gpus",
-                    expected,
-                    why,
-                    stage=stage,
-                    psi=psi,
-                    gpu_memory_bytes=memory_gb * GB,
-                    gpu_counts=POWERS_OF_TWO,
-                )
-                count += 1
-    return count
+STAGES = (0, 1, 2, 3)
+MEMORY_GBS = (16, 32, 80)
 
 
-def _comm_elements(comm_elements_per_step: Callable, psis: list[float], world_sizes: list[int]) -> int:
-    count = 0
-    for stage in formulas.STAGES:
-        for psi in psis:
-            for n in world_sizes:
-                expected = formulas.comm_elements(stage, psi, n)
-                why = f"{COMM_FORMULAS[stage]} on a ring (ZeRO §7: 2Ψ for stages 0-2, 3Ψ for stage 3)"
-                _expect(comm_elements_per_step, "comm_elements_per_step", expected, why, stage=stage, psi=psi, n_gpus=n)
-                count += 1
-    return count
+def _calls(group: str, psis: list[float], world_sizes: list[int]) -> list[tuple[str, dict]]:
+    """The calls a check makes of the student's functions, in order: (function name, keyword arguments)."""
+    if group == "model_state_bytes":
+        return [
+            ("model_state_bytes", {"stage": stage, "psi": psi, "n_gpus": n})
+            for stage in STAGES
+            for psi in psis
+            for n in world_sizes
+        ]
+    if group == "largest_and_fewest":
+        calls = []
+        for stage in STAGES:
+            calls += [
+                ("largest_model", {"stage": stage, "n_gpus": n, "gpu_memory_bytes": gb * GB})
+                for n in world_sizes
+                for gb in MEMORY_GBS
+            ]
+            calls += [
+                ("fewest_gpus", {"stage": stage, "psi": psi, "gpu_memory_bytes": gb * GB, "gpu_counts": POWERS_OF_TWO})
+                for psi in psis
+                for gb in MEMORY_GBS
+            ]
+        return calls
+    return [
+        ("comm_elements_per_step", {"stage": stage, "psi": psi, "n_gpus": n})
+        for stage in STAGES
+        for psi in psis
+        for n in world_sizes
+    ]
 
 
-@notebook_check
-def check_model_state_bytes(model_state_bytes: Callable, psis: list[float], world_sizes: list[int]) -> str:
-    _integrity({"model_state_bytes": model_state_bytes})
-    count = _model_state_bytes(model_state_bytes, psis, world_sizes)
-    return f"{count} cases: the model-state bytes per GPU of ZeRO §5"
+def _expected(name: str, kwargs: dict) -> tuple[float | None, str]:
+    """What a call should return, and why (in the process that decides, from `zero_core.formulas`)."""
+    stage = kwargs["stage"]
+    if name == "model_state_bytes":
+        why = f"{MEMORY_FORMULAS[stage]} bytes (ZeRO §5, Figure 1; K = 12, 2-byte parameters and gradients)"
+        return formulas.model_state_bytes(stage, kwargs["psi"], kwargs["n_gpus"]), why
+    if name == "largest_model":
+        why = f"the Ψ with {MEMORY_FORMULAS[stage]} = {kwargs['gpu_memory_bytes'] / GB:g} GB (ZeRO Table 2)"
+        return formulas.largest_model_params(kwargs["gpu_memory_bytes"], kwargs["n_gpus"], stage), why
+    if name == "fewest_gpus":
+        why = "the first count in gpu_counts whose per-GPU model states fit, or None"
+        return formulas.plan(kwargs["psi"], kwargs["gpu_memory_bytes"], tuple(kwargs["gpu_counts"]))[stage], why
+    why = f"{COMM_FORMULAS[stage]} on a ring (ZeRO §7: 2Ψ for stages 0-2, 3Ψ for stage 3)"
+    return formulas.comm_elements(stage, kwargs["psi"], kwargs["n_gpus"]), why
 
 
-@notebook_check
-def check_largest_model_and_fewest_gpus(
-    largest_model: Callable, fewest_gpus: Callable, psis: list[float], world_sizes: list[int]
-) -> str:
-    _integrity({"largest_model": largest_model, "fewest_gpus": fewest_gpus})
-    count = _largest_and_fewest(largest_model, fewest_gpus, psis, world_sizes)
-    return f"{count} cases: Table 2's largest models and the fewest GPUs that fit"
+GROUPS = {
+    "model_state_bytes": ("model_state_bytes",),
+    "largest_and_fewest": ("largest_model", "fewest_gpus"),
+    "comm_elements": ("comm_elements_per_step",),
+}
 
 
-@notebook_check
-def check_comm_elements(comm_elements_per_step: Callable, psis: list[float], world_sizes: list[int]) -> str:
-    _integrity({"comm_elements_per_step": comm_elements_per_step})
-    count = _comm_elements(comm_elements_per_step, psis, world_sizes)
-    return f"{count} cases: the elements each GPU sends per step (ZeRO §7)"
+def _observer(groups: tuple[str, ...]) -> Callable[..., dict]:
+    """Observe: call the student's functions (named by the groups, in order) and keep what they return."""
+    names = tuple(name for group in groups for name in GROUPS[group])
+
+    def observe(*functions: Callable, psis: list[float], world_sizes: list[int]) -> dict:
+        by_name = dict(zip(names, functions, strict=True))
+        _integrity(by_name)
+        calls = [call for group in groups for call in _calls(group, psis, world_sizes)]
+        return {"returned": [_as_data(by_name[name](**kwargs)) for name, kwargs in calls]}
+
+    return observe
 
 
-@notebook_check
-def check_all_formulas(
-    model_state_bytes: Callable,
-    largest_model: Callable,
-    fewest_gpus: Callable,
-    comm_elements_per_step: Callable,
-    psis: list[float],
-    world_sizes: list[int],
-) -> str:
-    _integrity(
-        {
-            "model_state_bytes": model_state_bytes,
-            "largest_model": largest_model,
-            "fewest_gpus": fewest_gpus,
-            "comm_elements_per_step": comm_elements_per_step,
-        }
-    )
-    count = _model_state_bytes(model_state_bytes, psis, world_sizes)
-    count += _largest_and_fewest(largest_model, fewest_gpus, psis, world_sizes)
-    count += _comm_elements(comm_elements_per_step, psis, world_sizes)
-    return f"{count} cases on other models and GPU counts: all four formulas"
+def _judge(groups: tuple[str, ...], summary: str) -> Callable[..., str]:
+    """Judge: each returned value against the reference formula's, in the order of the calls."""
+
+    def judge(observation: object, psis: list[float], world_sizes: list[int]) -> str:
+        calls = [call for group in groups for call in _calls(group, psis, world_sizes)]
+        returned = observation.get("returned") if isinstance(observation, dict) else None
+        if not isinstance(returned, list) or len(returned) != len(calls):
+            raise ObservationInvalid("the grading process returned malformed data (not one value per call): no points")
+        for (name, kwargs), got in zip(calls, returned, strict=True):
+            expected, why = _expected(name, kwargs)
+            if not _same(got, expected):
+                shown = _as_shown(got)
+                raise CheckFailed(f"{_signature(name, kwargs)} returned {shown!r}; expected {expected!r}: {why}")
+        return f"{len(calls)} cases{summary}"
+
+    return judge
+
+
+def _formula_check(name: str, groups: tuple[str, ...], summary: str) -> Callable[..., None]:
+    return graded(name, _observer(groups), _judge(groups, summary))
+
+
+check_model_state_bytes = _formula_check(
+    "check_model_state_bytes", ("model_state_bytes",), ": the model-state bytes per GPU of ZeRO §5"
+)
+check_largest_model_and_fewest_gpus = _formula_check(
+    "check_largest_model_and_fewest_gpus",
+    ("largest_and_fewest",),
+    ": Table 2's largest models and the fewest GPUs that fit",
+)
+check_comm_elements = _formula_check(
+    "check_comm_elements", ("comm_elements",), ": the elements each GPU sends per step (ZeRO §7)"
+)
+check_all_formulas = _formula_check(
+    "check_all_formulas",
+    ("model_state_bytes", "largest_and_fewest", "comm_elements"),
+    " on other models and GPU counts: all four formulas",
+)
 
 
 def expected_answers() -> dict[str, float]:
@@ -168,10 +177,16 @@ def expected_answers() -> dict[str, float]:
     }
 
 
-@notebook_check
-def check_answers(q1_gb_per_gpu: float, q2_stage: int, q2_gpus: int, q3_gpus: int, q4_gb_sent: float) -> str:
+def observe_answers(*answers: object) -> dict:
+    return {"answers": [_as_data(answer) for answer in answers]}
+
+
+def judge_answers(observation: object) -> str:
     """Numbers within 1% (GB answers may be rounded to 0.1 GB); stages and GPU counts exactly."""
-    given = dict(zip(ANSWERS, (q1_gb_per_gpu, q2_stage, q2_gpus, q3_gpus, q4_gb_sent), strict=True))
+    answers = observation.get("answers") if isinstance(observation, dict) else None
+    if not isinstance(answers, list) or len(answers) != len(ANSWERS):
+        raise ObservationInvalid("the grading process returned malformed data (not five answers): no points")
+    given = dict(zip(ANSWERS, answers, strict=True))
     wrong = []
     for name, expected in expected_answers().items():
         got = given[name]
@@ -181,10 +196,13 @@ def check_answers(q1_gb_per_gpu: float, q2_stage: int, q2_gpus: int, q3_gpus: in
         except (TypeError, ValueError):
             ok = False
         if not ok:
-            wrong.append(f"{name} = {got!r} is not right")
+            wrong.append(f"{name} = {_as_shown(got)!r} is not right")
     if wrong:
         raise CheckFailed("; ".join(wrong) + ". Compute each answer with your own functions above.")
     return "all five answers are right"
+
+
+check_answers = graded("check_answers", observe_answers, judge_answers)
 
 
 CHECKS = (

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass, field
 from functools import cache
 from typing import Any, TypeVar
 
@@ -24,6 +23,7 @@ import torch
 
 from autograder.checks import CheckFailed, describe_exception
 from autograder.integrity import ReferenceUsed, StudentShard
+from autograder.records import RankRecord, Run
 from zero_core.cluster import (
     ClusterError,
     CollectiveDeadlock,
@@ -33,10 +33,8 @@ from zero_core.cluster import (
     RunTimeout,
     VirtualCluster,
 )
-from zero_core.comm import CommLedger
 from zero_core.context import current
-from zero_core.experiment import assemble_master_weights
-from zero_core.memory import MemoryTracker, unaudited
+from zero_core.memory import unaudited
 from zero_core.model import build_model, parameter_layers, preset
 from zero_core.optim import AdamShard
 from zero_core.partition import FlatPartition
@@ -48,44 +46,6 @@ STEPS = 2
 COLLECTIVE_TIMEOUT_S = 10.0
 RUN_DEADLINE_S = 30.0
 CACHED_RUNS = 24
-
-
-@dataclass
-class RankRecord:
-    """What one rank did in a run."""
-
-    losses: list[float] = field(default_factory=list)
-    master: dict[str, tuple[int, torch.Tensor]] = field(default_factory=dict)
-    adam_grads: dict[tuple[str, int], torch.Tensor] = field(default_factory=dict)
-    stray_grads: set[str] = field(default_factory=set)
-    largest_fp32: dict[str, tuple[int, str]] = field(default_factory=dict)
-
-
-@dataclass
-class Run:
-    """A finished run: per-rank records, memory trackers and the ledger of collectives."""
-
-    world_size: int
-    steps: int
-    ranks: list[RankRecord]
-    trackers: list[MemoryTracker]
-    ledger: CommLedger
-    partitions: dict[str, FlatPartition]
-
-    def master_weights(self) -> dict[str, torch.Tensor]:
-        return assemble_master_weights([record.master for record in self.ranks])
-
-    def averaged_gradient(self, layer: str, step: int) -> torch.Tensor | None:
-        """The layer's full averaged gradient at `step`, stitched from what the ranks gave Adam."""
-        pieces = []
-        for rank, record in enumerate(self.ranks):
-            start, end = self.partitions[layer].owned_range(rank)
-            grad = record.adam_grads.get((layer, step))
-            if end > start:
-                if grad is None:
-                    return None
-                pieces.append(grad)
-        return torch.cat(pieces)
 
 
 class RecordingAdam(AdamShard):
@@ -178,7 +138,7 @@ def train(stage_cls: type[ZeroStage], world_size: int, functions: dict | None = 
         records = cluster.run(_train_rank, stage_cls, functions, steps, deadline_s=RUN_DEADLINE_S)
     finally:
         torch.set_num_threads(threads)
-    return Run(world_size, steps, records, cluster.trackers, cluster.ledger, layer_partitions(world_size))
+    return Run.of(world_size, steps, records, cluster.trackers, cluster.ledger, layer_partitions(world_size))
 
 
 def explain_failure(error: BaseException, what: str) -> str:

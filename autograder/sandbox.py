@@ -1,16 +1,22 @@
-"""Grade one notebook in a child process, with a time limit and a memory limit.
+"""Grade one notebook: the student's code runs in a child process, the points are decided in this one.
 
-`grade_notebook(path)` starts `python -m autograder.sandbox` (the same interpreter), which limits its own
-address space (`RLIMIT_AS`), loads the notebook's solution cells (`autograder.submission`) and runs the
-assignment's checks, appending each result to a JSON-lines file as soon as it is known. The parent
-waits up to the time limit, then kills the child's whole process group. Checks without a result get 0
-points and a message saying why: the time limit (an infinite loop), the process dying (`os._exit`, a
-crash, the memory limit; `sys.exit` only costs the check that called it). Inside the child, each check
-also has its own alarm, and the virtual cluster's deadlines stop ranks that loop or wait for each
-other, so one bad check rarely costs the others.
+`grade_notebook(path)` first reads the notebook's solution cells as text and looks for uses of the
+reference implementation (`integrity.scan_source`: a parse, nothing runs). Then it starts
+`python -m autograder.sandbox` (the same interpreter), which limits its own address space
+(`RLIMIT_AS`), loads the solution cells (`autograder.submission`) and runs the observing half of every
+check (`Check.function.observe`), appending each observation, or why there is none, to a JSON-lines
+file as soon as it is known. The parent waits up to the time limit, then kills the child's whole process
+group, reads the file and judges each observation itself (`Check.function.judge`), against reference
+runs it makes itself: the child's data is evidence, never a verdict. Whatever the child writes, a check
+earns at most its own points, once: the first line for a check counts, malformed data earns nothing.
 
-This protects the grader from mistakes, not from a student set on cheating: like nbgrader's, the child
-runs the student's code with the grader's permissions.
+Checks without an observation get 0 points and a message saying why: the time limit (an infinite loop),
+the process dying (`os._exit`, a crash, the memory limit; `sys.exit` only costs the check that called it).
+Inside the child, each check also has its own alarm, and the virtual cluster's deadlines stop ranks that
+loop or wait for each other, so one bad check rarely costs the others.
+
+The child still runs with the grader's permissions: it can read what the grader can read. What keeps a
+submission from the answers is the subject of the README's section on the grader's trust boundary.
 """
 
 from __future__ import annotations
@@ -27,9 +33,17 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from autograder.checks import Check, CheckResult, run_check
-from autograder.integrity import verdict
-from autograder.submission import Submission, assignment_of, exercise_module, load
+from autograder.checks import (
+    Check,
+    CheckResult,
+    Observed,
+    judge_check,
+    observe_check,
+    run_check,
+    through_json,
+)
+from autograder.integrity import REFERENCE_MODULES, scan_source, verdict
+from autograder.submission import Submission, assignment_of, exercise_module, is_solution_cell, load, read_cells
 
 ROOT = Path(__file__).resolve().parents[1]
 MiB = 2**20
@@ -74,11 +88,20 @@ def _tail(path: Path, lines: int = 8) -> str:
     return "\n".join(text.strip().splitlines()[-lines:])
 
 
+MAX_MESSAGE_CHARS = 4000
+"""A failure message written by the child is shown to the student, truncated to this."""
+
+
 def grade_notebook(path: Path, assignment: str | None = None, limits: Limits = Limits()) -> list[CheckResult]:
-    """Every check of the notebook's assignment, graded in a child process; never raises for the notebook."""
+    """Every check of the notebook's assignment, observed in a child process and judged here; never raises
+    for the notebook."""
     path = Path(path).resolve()
     assignment = assignment or assignment_of(path)
     checks: tuple[Check, ...] = exercise_module(assignment).CHECKS
+    problems = scan_notebook(path, assignment)
+    if problems:
+        message = verdict(problems, assignment)
+        return [CheckResult(check.name, 0, check.points, message) for check in checks]
     with tempfile.TemporaryDirectory(prefix="autograder-") as tmp:
         results_file, stdout_file, stderr_file = (Path(tmp) / name for name in ("results.jsonl", "stdout", "stderr"))
         env = dict(os.environ, **CHILD_ENVIRONMENT)
@@ -110,14 +133,67 @@ def grade_notebook(path: Path, assignment: str | None = None, limits: Limits = L
                 timed_out = True
                 os.killpg(child.pid, signal.SIGKILL)
                 child.wait()
-        done = {}
-        if results_file.exists():
-            for line in results_file.read_text().splitlines():
-                result = CheckResult(**json.loads(line))
-                done[result.name] = result
+        observed = read_observations(results_file, {check.name for check in checks})
         stderr_tail = _tail(stderr_file)
     missing = _missing_message(child.returncode, timed_out, limits, stderr_tail)
-    return [done.get(check.name) or CheckResult(check.name, 0, check.points, missing) for check in checks]
+    cell_errors = observed.pop(CELL_ERRORS, Observed(observation=[])).observation
+    return [judge_observed(check, observed.get(check.name), missing, cell_errors) for check in checks]
+
+
+CELL_ERRORS = "<cell errors>"
+
+
+def scan_notebook(path: Path, assignment: str) -> list[str]:
+    """Uses of the reference implementation in the notebook's solution cells, found by reading them."""
+    forbidden = getattr(exercise_module(assignment), "FORBIDDEN", REFERENCE_MODULES)
+    try:
+        cells = read_cells(path)
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    problems = []
+    for cell in cells:
+        if is_solution_cell(cell) and isinstance(cell.get("source"), str):
+            grade_id = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id", "?")
+            problems += [f"cell `{grade_id}`, {p}" for p in scan_source(cell["source"], forbidden)]
+    return problems
+
+
+def read_observations(path: Path, names: set[str]) -> dict[str, Observed]:
+    """The first observation (or failure) the child wrote for each known check; anything else is ignored."""
+    observed: dict[str, Observed] = {}
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return observed
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(record, dict) or not isinstance(record.get("check"), str):
+            continue
+        name = record["check"]
+        if (name not in names and name != CELL_ERRORS) or name in observed:
+            continue
+        if isinstance(record.get("failure"), str):
+            observed[name] = Observed(failure=record["failure"][:MAX_MESSAGE_CHARS])
+        elif "observation" in record:
+            observed[name] = Observed(observation=record["observation"])
+    return observed
+
+
+def judge_observed(check: Check, observed: Observed | None, missing: str, cell_errors: object) -> CheckResult:
+    """The check's result from what the child observed: judged here, 0 points without an observation."""
+    if observed is None:
+        result = CheckResult(check.name, 0, check.points, missing)
+    elif observed.failure is not None:
+        result = CheckResult(check.name, 0, check.points, observed.failure)
+    else:
+        result = judge_check(check, observed.observation)
+    errors = [e[:MAX_MESSAGE_CHARS] for e in cell_errors if isinstance(e, str)] if isinstance(cell_errors, list) else []
+    if not result.passed and errors:
+        result = CheckResult(result.name, 0, result.max_points, "\n".join([result.message, *errors]))
+    return result
 
 
 def _on_alarm(seconds: float, signum: int, frame: object) -> None:
@@ -130,8 +206,9 @@ def _limit_resources(memory_bytes: int) -> None:
 
 
 def grade_submission(submission: Submission, checks: tuple[Check, ...]) -> Iterator[CheckResult]:
-    """Each check's result for a loaded submission: 0 everywhere if it uses the reference implementation,
-    and the failing cells' errors added to the messages of the checks they cost."""
+    """Each check's result for a submission loaded in this process (observed and judged here, the
+    observation passed through JSON): 0 everywhere if it uses the reference implementation, and the
+    failing cells' errors added to the messages of the checks they cost."""
     for check in checks:
         if submission.integrity_problems:
             message = verdict(submission.integrity_problems, submission.assignment)
@@ -145,7 +222,7 @@ def grade_submission(submission: Submission, checks: tuple[Check, ...]) -> Itera
 
 
 def child_main(argv: list[str]) -> int:
-    """In the child: load the notebook, run every check, append each result to the results file."""
+    """In the child: load the notebook, observe every check, append each observation to the results file."""
     path, assignment, results_file, memory_bytes, check_time_s = argv
     _limit_resources(int(memory_bytes))
     seconds = float(check_time_s)
@@ -153,8 +230,15 @@ def child_main(argv: list[str]) -> int:
     checks: tuple[Check, ...] = exercise_module(assignment).CHECKS
     with open(results_file, "a") as out:
 
-        def report(result: CheckResult) -> None:
-            out.write(json.dumps(result.to_dict()) + "\n")
+        def report(name: str, observed: Observed) -> None:
+            if observed.failure is not None:
+                record = {"check": name, "failure": observed.failure}
+            else:
+                try:
+                    record = {"check": name, "observation": through_json(observed.observation)}
+                except (TypeError, ValueError) as error:
+                    record = {"check": name, "failure": f"the observation is not JSON data ({error})"}
+            out.write(json.dumps(record) + "\n")
             out.flush()
 
         signal.setitimer(signal.ITIMER_REAL, seconds)
@@ -163,20 +247,21 @@ def child_main(argv: list[str]) -> int:
         except CheckTimeLimit:
             message = f"not graded: loading the notebook's cells took over {seconds:g} s (an infinite loop?)"
             for check in checks:
-                report(CheckResult(check.name, 0, check.points, message))
+                report(check.name, Observed(failure=message))
             return 0
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
-        results = grade_submission(submission, checks)
-        while True:
+        report(CELL_ERRORS, Observed(observation=submission.cell_errors))
+        for check in checks:
             signal.setitimer(signal.ITIMER_REAL, seconds)
             try:
-                result = next(results, None)
+                observed = observe_check(check, submission.namespace)
+            except CheckTimeLimit as error:
+                observed = Observed(failure=str(error))
             finally:
                 signal.setitimer(signal.ITIMER_REAL, 0)
-            if result is None:
-                return 0
-            report(result)
+            report(check.name, observed)
+    return 0
 
 
 if __name__ == "__main__":

@@ -2,50 +2,37 @@
 
 An exercise says which reference stage it grades against, how to build the stage with the student's
 objects, and which memory rules apply; training and communication are compared with the reference run
-the same way for all of them: losses and fp32 master weights bit for bit, collectives op for op.
+the same way for all of them: losses and fp32 master weights bit for bit, collectives op for op. The
+student's runs are made where the student's code runs and reach the verdicts as validated data.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
-from autograder.checks import Check
-from autograder.harness import STEPS, Run, graded_stage, run_once, train
+from autograder.checks import Check, CheckFailed, ObservationInvalid, graded
+from autograder.harness import STEPS, graded_stage, layer_partitions, run_once, train
 from autograder.integrity import REFERENCE_MODULES, require_own_code
+from autograder.records import Run, run_from_data, run_to_data
 from autograder.verdicts import check_nothing_left_behind, compare_collectives, compare_training
 from zero_core.stages import ZeroStage
 
 VISIBLE_WORLD_SIZES = [2, 4]
 HIDDEN_WORLD_SIZES = [3, 5, 7]
-
-
-def stage_exercise_checks(
-    names: tuple[str, ...],
-    training: Callable[..., str],
-    memory: Callable[..., str],
-    communication: Callable[..., str],
-    memory_and_communication: Callable[..., str],
-) -> tuple[Check, ...]:
-    """The five checks of every stage exercise, 2 points each: three visible on 2 and 4 ranks, two hidden
-    on 3, 5 and 7 ranks (where the layers need padding)."""
-    visible, hidden = {"world_sizes": VISIBLE_WORLD_SIZES}, {"world_sizes": HIDDEN_WORLD_SIZES}
-    return (
-        Check("test_training", 2, training, names, visible),
-        Check("test_memory", 2, memory, names, visible),
-        Check("test_communication", 2, communication, names, visible),
-        Check("test_hidden_training", 2, training, names, hidden, hidden=True),
-        Check("test_hidden_memory_communication", 2, memory_and_communication, names, hidden, hidden=True),
-    )
-
-
 """The hidden tests' N do not divide the micro model's layers (64-element LayerNorms): padding is needed."""
 
 
 @dataclass(frozen=True)
 class StageExercise:
-    """How to grade one exercise that plugs student code into a reference ZeRO stage."""
+    """How to grade one exercise that plugs student code into a reference ZeRO stage.
+
+    `observe` runs where the student's code runs: it trains the stage with the student's objects on each
+    N and returns the runs as data (`autograder.records`). The `judge_*` methods run where it never
+    does: they read the runs back, validated, and compare them with reference runs they make themselves.
+    """
 
     exercise: str
     names: tuple[str, ...]
@@ -57,43 +44,105 @@ class StageExercise:
     communication_summary: str
     forbidden: tuple[str, ...] = REFERENCE_MODULES
 
-    def runs(self, objects: tuple[Any, ...], world_sizes: list[int]) -> Iterator[tuple[str, Run, Run]]:
-        """(label, student run, reference run) per world size; raises CheckFailed if a run fails."""
+    # -- in the process that runs the student's code ----------------------------------------------------
+
+    def observe(self, *objects: Any, world_sizes: list[int]) -> dict[str, Any]:
+        """{"runs": {N: {"run": data} or {"failure": why the run did not finish}}}."""
         require_own_code(dict(zip(self.names, objects, strict=True)), self.names, self.forbidden, self.exercise)
-        reference_stage = graded_stage(self.reference, self.exercise)
         stage, functions = self.build(*objects)
+        runs: dict[str, dict[str, Any]] = {}
         for n in world_sizes:
-            label = f"{n} ranks"
-            reference = run_once(
-                (self.exercise, "reference", n), (), lambda n=n: train(reference_stage, n), f"reference on {label}"
-            )
-            run = run_once(
-                (self.exercise, objects, n), objects, lambda n=n: train(stage, n, functions), f"your code on {label}"
-            )
-            yield label, run, reference
+            make = lambda n=n: train(stage, n, functions)  # noqa: E731
+            try:
+                runs[str(n)] = {"run": run_to_data(run_once((self.exercise, objects, n), objects, make, _yours(n)))}
+            except CheckFailed as failure:
+                runs[str(n)] = {"failure": str(failure)}
+        return {"runs": runs}
+
+    # -- in the process that decides ----------------------------------------------------------------------
+
+    def runs(self, observation: Any, world_sizes: list[int]) -> Iterator[tuple[str, Run, Run]]:
+        """(label, student run, reference run) per world size; raises CheckFailed for a run that failed."""
+        runs = observation.get("runs") if isinstance(observation, dict) else None
+        if not isinstance(runs, dict) or set(runs) != {str(n) for n in world_sizes}:
+            raise ObservationInvalid("the grading process returned malformed data (not one run per N): no points")
+        reference_stage = graded_stage(self.reference, self.exercise)
+        for n in world_sizes:
+            entry = runs[str(n)]
+            if isinstance(entry, dict) and isinstance(entry.get("failure"), str):
+                raise CheckFailed(entry["failure"][:MAX_FAILURE_CHARS])
+            if not isinstance(entry, dict) or set(entry) != {"run"}:
+                raise ObservationInvalid(f"the grading process returned malformed data (run on {n} ranks): no points")
+            run = run_from_data(entry["run"], n, STEPS, layer_partitions(n))
+            make = lambda n=n: train(reference_stage, n)  # noqa: E731
+            reference = run_once((self.exercise, "reference", n), (), make, f"reference on {n} ranks")
+            yield f"{n} ranks", run, reference
 
     def sizes(self, world_sizes: list[int]) -> str:
         return ", ".join(map(str, world_sizes))
 
-    def training(self, objects: tuple[Any, ...], world_sizes: list[int]) -> str:
-        for label, run, reference in self.runs(objects, world_sizes):
+    def judge_training(self, observation: Any, world_sizes: list[int]) -> str:
+        for label, run, reference in self.runs(observation, world_sizes):
             compare_training(run, reference, label)
         return (
             f"{self.sizes(world_sizes)} ranks, {STEPS} steps: every loss and every fp32 master weight is "
             f"bit-identical to the reference ZeRO-{self.reference.stage}'s"
         )
 
-    def memory(self, objects: tuple[Any, ...], world_sizes: list[int]) -> str:
-        for label, run, reference in self.runs(objects, world_sizes):
+    def judge_memory(self, observation: Any, world_sizes: list[int]) -> str:
+        for label, run, reference in self.runs(observation, world_sizes):
             self.memory_rules(run, reference, label)
             check_nothing_left_behind(run, label)
         return f"{self.sizes(world_sizes)} ranks: {self.memory_summary}; nothing left alive after a pass"
 
-    def communication(self, objects: tuple[Any, ...], world_sizes: list[int]) -> str:
-        for label, run, reference in self.runs(objects, world_sizes):
+    def judge_communication(self, observation: Any, world_sizes: list[int]) -> str:
+        for label, run, reference in self.runs(observation, world_sizes):
             compare_collectives(run, reference, label)
         return f"{self.sizes(world_sizes)} ranks: {self.communication_summary}"
 
-    def memory_and_communication(self, objects: tuple[Any, ...], world_sizes: list[int]) -> str:
-        memory = self.memory(objects, world_sizes).split(": ", 1)[1]
-        return f"{self.communication(objects, world_sizes)}; and {memory}"
+    def judge_memory_and_communication(self, observation: Any, world_sizes: list[int]) -> str:
+        memory = self.judge_memory(observation, world_sizes).split(": ", 1)[1]
+        return f"{self.judge_communication(observation, world_sizes)}; and {memory}"
+
+    def checks(self) -> tuple[Check, ...]:
+        """The five checks of the exercise, 2 points each: three visible on 2 and 4 ranks, two hidden on 3, 5
+        and 7 ranks (where the layers need padding)."""
+        visible, hidden = {"world_sizes": VISIBLE_WORLD_SIZES}, {"world_sizes": HIDDEN_WORLD_SIZES}
+        return (
+            Check("test_training", 2, self.check_training, self.names, visible),
+            Check("test_memory", 2, self.check_memory, self.names, visible),
+            Check("test_communication", 2, self.check_communication, self.names, visible),
+            Check("test_hidden_training", 2, self.check_training, self.names, hidden, hidden=True),
+            Check(
+                "test_hidden_memory_communication", 2, self.check_memory_and_communication, self.names, hidden, True
+            ),
+        )
+
+    @property
+    def check_training(self) -> Callable[..., None]:
+        return _check(self, "check_training", self.judge_training, "losses and master weights equal the reference's")
+
+    @property
+    def check_memory(self) -> Callable[..., None]:
+        return _check(self, "check_memory", self.judge_memory, self.memory_summary)
+
+    @property
+    def check_communication(self) -> Callable[..., None]:
+        return _check(self, "check_communication", self.judge_communication, self.communication_summary)
+
+    @property
+    def check_memory_and_communication(self) -> Callable[..., None]:
+        return _check(self, "check_memory_and_communication", self.judge_memory_and_communication, "")
+
+
+MAX_FAILURE_CHARS = 4000
+"""A failed run's message, as the child wrote it: shown to the student, truncated."""
+
+
+def _yours(n: int) -> str:
+    return f"your code on {n} ranks"
+
+
+@cache
+def _check(exercise: StageExercise, name: str, judge: Callable[..., str], doc: str) -> Callable[..., None]:
+    return graded(name, exercise.observe, judge, doc)

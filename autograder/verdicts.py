@@ -12,8 +12,8 @@ from collections import Counter
 import torch
 
 from autograder.checks import CheckFailed
-from autograder.harness import Run, layer_shapes
-from zero_core.comm import CommEntry
+from autograder.harness import layer_shapes
+from autograder.records import Collective, Run
 from zero_core.experiment import OVERFLOW_TAG
 from zero_core.memory import UNTRACKED, Leftover
 
@@ -138,15 +138,15 @@ def check_no_stray_gradients(run: Run, what: str) -> None:
 def registrations(run: Run, rank: int, category: str, step: int) -> list[int]:
     """Sizes (bytes, padding excluded) of the buffers registered under `category` during `step`."""
     return sorted(
-        e.delta_bytes
-        for e in run.trackers[rank].timeline
-        if e.category == category and e.delta_bytes > 0 and e.step == step
+        nbytes
+        for registered, registered_step, nbytes in run.memory[rank].registrations
+        if registered == category and registered_step == step
     )
 
 
 def compare_peaks(run: Run, reference: Run, category: str, what: str, advice: str) -> None:
     for rank in range(run.world_size):
-        got, want = run.trackers[rank].peak_bytes(category), reference.trackers[rank].peak_bytes(category)
+        got, want = run.memory[rank].peak_bytes(category), reference.memory[rank].peak_bytes(category)
         if got > want:
             raise CheckFailed(
                 f"{what}: rank {rank}'s peak of {category} is {got:,} bytes, the reference's {want:,}. {advice}"
@@ -191,9 +191,9 @@ def describe_size(nbytes: int) -> str:
 def _held_after(run: Run, category: str) -> tuple[int, Leftover] | None:
     """(rank, largest storage) of `category`, larger than a scalar, at the first end of a training step's
     phase (forward, backward, gradient sync, optimizer) where a rank held any, ranks in order."""
-    for rank, tracker in enumerate(run.trackers):
+    for rank, rank_memory in enumerate(run.memory):
         ends: dict[tuple[int, str], list[Leftover]] = {}
-        for leftover in tracker.leftovers:
+        for leftover in rank_memory.leftovers:
             if leftover.category == category and leftover.phase != "setup" and leftover.nbytes > SCALAR_BYTES:
                 ends.setdefault((leftover.step, leftover.phase), []).append(leftover)
         if ends:
@@ -234,11 +234,11 @@ def check_nothing_left_behind(run: Run, what: str) -> None:
         )
 
 
-def _key(entry: CommEntry) -> tuple[str, str, int]:
+def _key(entry: Collective) -> tuple[str, str, int]:
     return entry.op, entry.dtype, entry.elements
 
 
-def _describe(keys: Counter, entries: list[CommEntry]) -> str:
+def _describe(keys: Counter, entries: list[Collective]) -> str:
     """'2x all_gather of 64 bfloat16 elements (tags ...)', largest first."""
     parts = []
     for op, dtype, elements in sorted(keys, key=lambda k: -k[2]):
@@ -253,8 +253,8 @@ def compare_collectives(run: Run, reference: Run, what: str) -> None:
     """The same collectives (op, dtype, size) as the reference, step by step, so the same bytes on the wire."""
     for step in range(run.steps):
         for rank in range(run.world_size):
-            entries = run.ledger.entries(rank, step=step, exclude_tags=(OVERFLOW_TAG,))
-            expected = reference.ledger.entries(rank, step=step, exclude_tags=(OVERFLOW_TAG,))
+            entries = run.entries(rank, step, exclude_tag=OVERFLOW_TAG)
+            expected = reference.entries(rank, step, exclude_tag=OVERFLOW_TAG)
             got, want = Counter(map(_key, entries)), Counter(map(_key, expected))
             if got == want:
                 continue
