@@ -12,6 +12,11 @@ and the gradebook is `gradebook.db` beside this file: both are git-ignored, as t
 
 from pathlib import Path
 
+from nbconvert.preprocessors import ClearMetadataPreprocessor
+from nbgrader.preprocessors import AssignLatePenalties, CheckCellMetadata, IgnorePattern, LimitOutput, SaveAutoGrades
+
+from autograder.nbgrader_grading import TrustedGrade
+
 c = get_config()  # noqa: F821 (nbgrader provides get_config when it loads this file)
 
 c.CourseDirectory.source_directory = "solutions"
@@ -24,3 +29,16 @@ c.CourseDirectory.db_url = f"sqlite:///{Path(__file__).resolve().parent / 'grade
 # A test cell trains the tiny GPT on up to 7 virtual ranks: seconds, far above nbgrader's default 30 s
 # on a loaded machine.
 c.Execute.timeout = 300
+
+# Autograde decides each test cell's outcome with the course's grader (student code in a child process,
+# verdicts in nbgrader's own), instead of running the test cells in the kernel the student's code ran in:
+# `TrustedGrade` takes the place of nbgrader's `Execute`; the rest of the pipeline is nbgrader's default.
+c.Autograde.autograde_preprocessors = [
+    TrustedGrade,
+    IgnorePattern,
+    ClearMetadataPreprocessor,
+    LimitOutput,
+    SaveAutoGrades,
+    AssignLatePenalties,
+    CheckCellMetadata,
+]

@@ -1,10 +1,12 @@
-"""The instructor's round trip with nbgrader itself, on a fake class of three students in a temporary course:
+"""The instructor's round trip with nbgrader itself, on a fake class of four students in a temporary course:
 generate_assignment, collect (copying into out/submitted/), autograde, generate_feedback.
 
 alice hands in the solutions, bob a partly wrong notebook (one fixture from tests/fixtures/wrong per
-assignment), carol the untouched release. The gradebook must give alice full marks, bob exactly the
-points of the checks his mistake does not cost, and carol nothing; alice's graded test cells must not
-have written a byte to stderr (nbgrader scores such a cell 0), and everyone gets HTML feedback.
+assignment), carol the untouched release, and mallory a wrong notebook that also attacks a grader judging
+beside it (patches `torch.equal`, forges the results file). The gradebook must give alice full marks, bob
+and mallory exactly the points of the checks their mistakes do not cost, and carol nothing, the same
+points as the batch grader gives; alice's graded test cells must not have written a byte to stderr
+(nbgrader scores such a cell 0), and everyone gets HTML feedback.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from nbgrader.api import Gradebook
 from nbgrader.apps import NbGraderAPI
 from traitlets.config.loader import PyFileConfigLoader
 
+from autograder.checks import total
+from autograder.sandbox import grade_notebook
 from autograder.submission import exercise_module, is_solution_cell
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,7 +32,11 @@ ASSIGNMENTS = {
     "ex03_zero2_reduce_scatter_backward": "ex03_all_reduce_instead_of_reduce_scatter.py",
     "ex05_memory_planning": "ex05_wrong_formula.py",
 }
-STUDENTS = ("alice", "bob", "carol")
+ATTACKS = {
+    "ex03_zero2_reduce_scatter_backward": "ex03_patches_torch_equal.py",
+    "ex05_memory_planning": "ex05_forges_the_results_file.py",
+}
+STUDENTS = ("alice", "bob", "carol", "mallory")
 PER_ASSIGNMENT = [pytest.param(a, marks=getattr(pytest.mark, a[:4])) for a in ASSIGNMENTS]
 pytestmark = pytest.mark.filterwarnings("ignore::sqlalchemy.exc.SAWarning")  # nbgrader's own session noise
 
@@ -80,10 +88,12 @@ def course(tmp_path_factory: pytest.TempPathFactory) -> Path:
                 if is_solution_cell(cell)
             }
             cell, source, _ = fixture_cell(wrong)
+            attack_cell, attack_source, _ = fixture_cell(ATTACKS[assignment])
             handed_in = {
                 "alice": submission(release, solution, solutions),
                 "bob": submission(release, solution, {**solutions, cell: source}),
                 "carol": submission(release, solution, {}),
+                "mallory": submission(release, solution, {**solutions, attack_cell: attack_source}),
             }
             for student, notebook in handed_in.items():
                 path = course / "out" / "submitted" / student / assignment / f"{assignment}.ipynb"
@@ -104,12 +114,27 @@ def expected_points(assignment: str, lost: set[str]) -> float:
 @pytest.mark.parametrize("assignment", PER_ASSIGNMENT)
 def test_autograde_gives_full_partial_and_zero_marks(course: Path, assignment: str) -> None:
     _, _, bob_loses = fixture_cell(ASSIGNMENTS[assignment])
-    expected = {"alice": 10.0, "bob": expected_points(assignment, bob_loses), "carol": 0.0}
+    _, _, mallory_loses = fixture_cell(ATTACKS[assignment])
+    expected = {
+        "alice": 10.0,
+        "bob": expected_points(assignment, bob_loses),
+        "carol": 0.0,
+        "mallory": expected_points(assignment, mallory_loses),
+    }
     with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gradebook:
         scores = {s: gradebook.find_submission(assignment, s).score for s in STUDENTS}
         assert gradebook.find_submission(assignment, "alice").max_score == 10.0
     assert scores == expected
-    assert 0 < expected["bob"] < 10
+    assert 0 < expected["bob"] < 10 and expected["mallory"] < 10
+
+
+@pytest.mark.parametrize("assignment", PER_ASSIGNMENT)
+def test_the_gradebook_and_the_batch_grader_give_the_same_points(course: Path, assignment: str) -> None:
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gradebook:
+        scores = {s: gradebook.find_submission(assignment, s).score for s in STUDENTS}
+    for student in STUDENTS:
+        path = course / "out" / "submitted" / student / assignment / f"{assignment}.ipynb"
+        assert total(grade_notebook(path))[0] == scores[student], student
 
 
 @pytest.mark.parametrize("assignment", PER_ASSIGNMENT)

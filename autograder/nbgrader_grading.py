@@ -1,0 +1,65 @@
+"""nbgrader's autograde, with each test cell's outcome decided by the course's grader, not in a kernel.
+
+nbgrader runs a submission's test cells in the kernel its solution cells ran in, so one line of a
+solution cell can patch whatever the tests call, and the cells' outputs (which nbgrader scores) are
+the student's to shape. `TrustedGrade` takes the place of nbgrader's `Execute` preprocessor in
+`Autograde.autograde_preprocessors` (see `nbgrader_config.py`): it grades the sanitized notebook (locked
+and test cells already restored by nbgrader) with `autograder.sandbox.grade_notebook`, which runs the
+student's code in a child process and judges in this one, and writes each check's outcome as the output
+of its test cell: "passed: ..." on stdout, or an `AssertionError` with the grader's message. nbgrader's
+`SaveAutoGrades` then scores the cells from those outputs as usual, so the gradebook, the feedback that
+`generate_feedback` renders and `python -m autograder grade` give the same points. No cell of the
+submission runs in a kernel.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import nbformat
+from nbconvert.preprocessors import Preprocessor
+from traitlets import Float
+
+from autograder.checks import CheckResult
+from autograder.sandbox import Limits, grade_notebook
+from autograder.submission import EXERCISES
+
+
+class TrustedGrade(Preprocessor):
+    """Write the course grader's verdict into every test cell of a notebook of the course."""
+
+    enabled = True
+    """On wherever nbgrader lists it (nbconvert's preprocessors are off unless enabled)."""
+
+    time_limit_s = Float(Limits.time_s, help="Seconds the child process may take for one notebook.").tag(config=True)
+    check_time_limit_s = Float(Limits.check_time_s, help="Seconds one check may take in the child.").tag(
+        config=True
+    )
+
+    def preprocess(self, nb: nbformat.NotebookNode, resources: dict[str, Any]) -> tuple:
+        assignment = resources["nbgrader"]["notebook"]
+        if assignment not in EXERCISES:
+            raise ValueError(f"{assignment}.ipynb is not a notebook of this course ({', '.join(EXERCISES)})")
+        limits = Limits(time_s=self.time_limit_s, check_time_s=self.check_time_limit_s)
+        with tempfile.TemporaryDirectory(prefix="nbgrader-trusted-") as folder:
+            path = Path(folder) / f"{assignment}.ipynb"
+            nbformat.write(nb, path)
+            results = {result.name: result for result in grade_notebook(path, assignment, limits)}
+        for cell in nb.cells:
+            meta = cell.metadata.get("nbgrader", {})
+            if cell.cell_type == "code" and meta.get("grade") and not meta.get("solution"):
+                grade_id = meta.get("grade_id")
+                missing = CheckResult(grade_id, 0, 0, f"the grader has no check {grade_id!r}: no points")
+                cell.outputs = [_output(results.get(grade_id, missing))]
+                cell.execution_count = None
+        return nb, resources
+
+
+def _output(result: CheckResult) -> nbformat.NotebookNode:
+    if result.passed and result.max_points:
+        return nbformat.v4.new_output("stream", name="stdout", text=f"passed: {result.message}\n")
+    return nbformat.v4.new_output(
+        "error", ename="AssertionError", evalue=result.message, traceback=[f"AssertionError: {result.message}"]
+    )
