@@ -126,12 +126,16 @@ def feedback_text(student: str, graded: dict[str, list[CheckResult]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def grade_student(student_dir: Path, assignments: list[str], limits: Limits) -> dict[str, list[CheckResult]]:
+def grade_student(
+    student_dir: Path, assignments: list[str], limits: Limits, protected: tuple[Path, ...] = ()
+) -> dict[str, list[CheckResult]]:
+    """Every assignment of one student; `protected` (the grades file, the feedback folder) is out of the
+    submission's reach."""
     notebooks = find_notebooks(student_dir, assignments)
     graded = {}
     for assignment in assignments:
         if assignment in notebooks:
-            graded[assignment] = grade_notebook(notebooks[assignment], assignment, limits)
+            graded[assignment] = grade_notebook(notebooks[assignment], assignment, limits, protected)
         else:
             graded[assignment] = [
                 CheckResult(c.name, 0, c.points, f"no {assignment}.ipynb submitted")
@@ -158,7 +162,7 @@ def run_grade_command(args: argparse.Namespace) -> int:
     feedback_dir.mkdir(parents=True, exist_ok=True)
     for student_dir in tqdm(pending, desc="grading", unit="student", disable=args.no_progress):
         started = time.perf_counter()
-        graded = grade_student(student_dir, assignments, limits)
+        graded = grade_student(student_dir, assignments, limits, protected=(out, feedback_dir))
         row = {"student": student_dir.name, "seconds": f"{time.perf_counter() - started:.1f}"}
         for assignment, results in graded.items():
             row[assignment] = format_points(total(results)[0])

@@ -25,6 +25,7 @@ import functools
 import json
 import os
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -33,6 +34,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from autograder import child_guard
 from autograder.checks import (
     Check,
     CheckResult,
@@ -43,6 +45,7 @@ from autograder.checks import (
     through_json,
 )
 from autograder.integrity import REFERENCE_MODULES, scan_source, verdict
+from autograder.isolation import namespaced
 from autograder.submission import Submission, assignment_of, exercise_module, is_solution_cell, load, read_cells
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,6 +62,8 @@ class Limits:
     time_s: float = 180.0
     memory_bytes: int = 4096 * MiB
     check_time_s: float = 90.0
+    isolate: bool = True
+    """Run the child in namespaces of its own where this machine can (`autograder.isolation`)."""
 
 
 class CheckTimeLimit(BaseException):
@@ -92,9 +97,11 @@ MAX_MESSAGE_CHARS = 4000
 """A failure message written by the child is shown to the student, truncated to this."""
 
 
-def grade_notebook(path: Path, assignment: str | None = None, limits: Limits = Limits()) -> list[CheckResult]:
+def grade_notebook(
+    path: Path, assignment: str | None = None, limits: Limits = Limits(), protected: tuple[Path, ...] = ()
+) -> list[CheckResult]:
     """Every check of the notebook's assignment, observed in a child process and judged here; never raises
-    for the notebook."""
+    for the notebook. The child may neither read nor write the `protected` paths (grades, feedback)."""
     path = Path(path).resolve()
     assignment = assignment or assignment_of(path)
     checks: tuple[Check, ...] = exercise_module(assignment).CHECKS
@@ -104,25 +111,31 @@ def grade_notebook(path: Path, assignment: str | None = None, limits: Limits = L
         return [CheckResult(check.name, 0, check.points, message) for check in checks]
     with tempfile.TemporaryDirectory(prefix="autograder-") as tmp:
         results_file, stdout_file, stderr_file = (Path(tmp) / name for name in ("results.jsonl", "stdout", "stderr"))
+        notebook = Path(tmp) / "submission" / path.name
+        notebook.parent.mkdir()
+        shutil.copyfile(path, notebook)
         env = dict(os.environ, **CHILD_ENVIRONMENT)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+        env[child_guard.PROTECTED_VARIABLE] = os.pathsep.join(str(p.resolve()) for p in protected)
         command = [
             sys.executable,
             "-m",
             "autograder.sandbox",
-            str(path),
+            str(notebook),
             assignment,
             str(results_file),
             str(limits.memory_bytes),
             str(limits.check_time_s),
         ]
+        if limits.isolate:
+            command = namespaced(command, protected=tuple(p.resolve() for p in protected)) or command
         with stdout_file.open("wb") as out, stderr_file.open("wb") as err:
             child = subprocess.Popen(
                 command,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=err,
-                cwd=path.parent,
+                cwd=notebook.parent,
                 env=env,
                 start_new_session=True,
             )
@@ -241,6 +254,7 @@ def child_main(argv: list[str]) -> int:
             out.write(json.dumps(record) + "\n")
             out.flush()
 
+        child_guard.install()
         signal.setitimer(signal.ITIMER_REAL, seconds)
         try:
             submission = load(Path(path), assignment)

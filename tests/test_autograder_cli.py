@@ -155,3 +155,35 @@ def test_a_batch_of_one_notebook_per_check_kind_matches_the_in_process_grade(tmp
     assert in_child == in_process
     assert [r.name for r in in_child if not r.passed] == ["test_hidden_answers"]
     assert "q4_gb_sent = 1.0 is not right" in in_child[-1].message
+
+
+def test_no_submission_can_touch_the_grades_the_feedback_or_the_grader(tmp_path: Path) -> None:
+    """mallory tries to kill the grader; zed, graded last, to rewrite alice's feedback and add a row of 10s
+    to the grades file, without losing a point of its own. The batch goes on, and only the grader writes."""
+    out, feedback = tmp_path / "grades.csv", tmp_path / "feedback"
+    submitted = tmp_path / "submitted"
+    solution_cell = next(
+        cell["source"]
+        for cell in json.loads(notebook("solutions").read_text())["cells"]
+        if cell["metadata"].get("nbgrader", {}).get("grade_id") == "formulas"
+    )
+    targets = ((str(feedback / "alice.txt"), "alice: 0 points, see me"), (str(out), "mallory,10,10,10,0\n"))
+    vandal = (
+        f"for path, text in {targets!r}:\n"
+        "    try:\n"
+        "        open(path, 'a').write(text)\n"
+        "    except PermissionError:\n"
+        "        pass\n"
+    )
+    (submitted / "alice").mkdir(parents=True)
+    shutil.copy(notebook("solutions"), submitted / "alice" / f"{EX05}.ipynb")
+    with_cell(EX05, "formulas", "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n" + "".join(solution_cell),
+              submitted / "mallory" / f"{EX05}.ipynb")
+    with_cell(EX05, "formulas", vandal + "".join(solution_cell), submitted / "zed" / f"{EX05}.ipynb")
+    done = run_autograder("grade", str(submitted), "--out", str(out), "--feedback", str(feedback), "--assignments",
+                          EX05, "--no-progress")
+    assert done.returncode == 0, done.stderr
+    grades = read_grades(out)
+    assert {s: g["total"] for s, g in grades.items()} == {"alice": "10", "mallory": "0", "zed": "10"}
+    assert "not allowed while grading: signalling process" in (feedback / "mallory.txt").read_text()
+    assert "see me" not in (feedback / "alice.txt").read_text()

@@ -1,0 +1,89 @@
+"""The grading child's walls: Linux namespaces where they can be made, and the audit hook everywhere.
+
+Each wall is tested from the outside (a command run as the grader runs the child) and against a control
+that shows the same command does what the wall prevents when the wall is not there.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from autograder.isolation import ROOT, namespaced
+
+NAMESPACES = namespaced(["true"]) is not None
+needs_namespaces = pytest.mark.skipif(not NAMESPACES, reason="no namespaces here (not root, no user namespaces)")
+
+
+def run(command: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run(command, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+
+
+@needs_namespaces
+def test_a_namespaced_child_finds_no_solutions_and_cannot_write_the_course(tmp_path: Path) -> None:
+    probe = ROOT / f"probe-{os.getpid()}"
+    script = f"ls {ROOT / 'solutions'} | wc -l; ls {ROOT / 'zero_core'} | wc -l; touch {probe}"
+    result = run(namespaced(["sh", "-c", script]))
+    assert result.stdout.split()[0] == "0" and int(result.stdout.split()[1]) > 5
+    assert result.returncode != 0 and "Read-only" in result.stderr
+    assert not probe.exists()
+    assert len(list((ROOT / "solutions").iterdir())) == 5, "the grader's own view is untouched"
+
+
+@needs_namespaces
+def test_a_process_a_child_leaves_behind_dies_with_it(tmp_path: Path) -> None:
+    marker = tmp_path / "written-after-the-grade"
+    script = f"setsid sh -c 'sleep 2; touch {marker}' > /dev/null 2>&1 < /dev/null & exit 0"
+    run(namespaced(["sh", "-c", script]))
+    control = tmp_path / "control"
+    run(["sh", "-c", script.replace(str(marker), str(control))])
+    time.sleep(3)
+    assert control.exists(), "without namespaces the detached process outlives its parent"
+    assert not marker.exists()
+
+
+@needs_namespaces
+def test_a_namespaced_child_cannot_signal_the_grader() -> None:
+    result = run(namespaced(["sh", "-c", f"kill -0 {os.getpid()} && echo reached"]))
+    assert "reached" not in result.stdout and result.returncode != 0
+    assert run(["sh", "-c", f"kill -0 {os.getpid()} && echo reached"]).stdout.strip() == "reached"
+
+
+GUARDED = """
+import os, subprocess, sys
+from autograder import child_guard
+attempts = {
+    "process": lambda: subprocess.run(["true"]),
+    "fork": lambda: os._exit(0) if os.fork() == 0 else os.wait(),
+    "signal the parent": lambda: os.kill(os.getppid(), 0),
+    "ctypes": lambda: __import__("ctypes").CDLL(None),
+    "read solutions": lambda: open(sys.argv[1]).read(),
+    "write the course": lambda: open(sys.argv[2], "w"),
+}
+if sys.argv[3] == "guarded":
+    child_guard.install()
+for name, attempt in attempts.items():
+    try:
+        attempt()
+        print(name, "allowed")
+    except child_guard.GradingRefused:
+        print(name, "refused")
+"""
+
+
+@pytest.mark.parametrize("guarded", [True, False], ids=["guarded", "control"])
+def test_the_audit_hook_refuses_processes_signals_native_code_and_the_courses_files(guarded: bool) -> None:
+    solution = next((ROOT / "solutions").rglob("*.ipynb"))
+    probe = ROOT / f"probe-{os.getpid()}"
+    try:
+        result = run([sys.executable, "-c", GUARDED, str(solution), str(probe), "guarded" if guarded else "plain"])
+    finally:
+        probe.unlink(missing_ok=True)
+    lines = [line for line in result.stdout.splitlines() if line.endswith(("allowed", "refused"))]
+    expected = "refused" if guarded else "allowed"
+    assert len(lines) == 6 and all(line.endswith(expected) for line in lines), result.stdout + result.stderr
