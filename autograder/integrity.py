@@ -3,9 +3,10 @@
 The reference stages (`zero_core.stages`) hold exactly the code the exercises ask for, and the grader
 (`autograder`) runs it, so a submission may use neither. Three nets catch it:
 
-- `scan_source`: the AST of the solution cells (the CLI reads them before running anything): imports
-  of a forbidden module, strings naming one (`importlib`, `sys.modules`), and calls of the reference
-  `LayerShard` methods;
+- `scan_source`: the AST of the solution cells (the grader reads them before running anything): imports
+  of a forbidden module, by statement or by a call naming it (`importlib.import_module("...")`,
+  `sys.modules["..."]`), and calls of the reference `LayerShard` methods. A string, comment or docstring
+  that merely mentions a module is never held against a submission;
 - `scan_objects`: the student's classes and functions at run time (what nbgrader's test cells see):
   a base class from a forbidden module, or a global name used by the student's code that refers to one;
 - `StudentShard`: the `shard` a student's autograd Function receives raises `ReferenceUsed` if the
@@ -40,22 +41,43 @@ def _forbidden(name: str, forbidden: tuple[str, ...]) -> str | None:
     return None
 
 
+IMPORT_CALLS = ("import_module", "__import__")
+"""Calls that import a module named by a string: `importlib.import_module(...)`, `__import__(...)`."""
+
+
+def _imported_by_call(node: ast.AST) -> list[str]:
+    """The module a call or a `sys.modules[...]` lookup names with a literal string, if it does."""
+    if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+        function = node.func
+        name = function.attr if isinstance(function, ast.Attribute) else getattr(function, "id", "")
+        if name in IMPORT_CALLS and isinstance(node.args[0].value, str):
+            return [node.args[0].value.strip()]
+    if (
+        isinstance(node, ast.Subscript)
+        and isinstance(node.value, ast.Attribute)
+        and node.value.attr == "modules"
+        and isinstance(node.slice, ast.Constant)
+        and isinstance(node.slice.value, str)
+    ):
+        return [node.slice.value.strip()]
+    return []
+
+
 def scan_source(source: str, forbidden: tuple[str, ...]) -> list[str]:
-    """Problems in one solution cell's code: forbidden imports, names and reference methods, with lines."""
+    """Problems in one solution cell's code, with lines: imports of a forbidden module (statements, and calls
+    that import a module named by a literal string), and calls of the reference's shard methods. Strings,
+    comments and docstrings that merely name a module are never a problem."""
     try:
         tree = ast.parse(source)
     except SyntaxError:
         return []
-    docstrings = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)}
     problems = []
     for node in ast.walk(tree):
-        names: list[str] = []
+        names: list[str] = _imported_by_call(node)
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
-            names = [node.value.strip()]
         elif isinstance(node, ast.Attribute) and node.attr in SHARD_REFERENCE_METHODS:
             problems.append(f"line {node.lineno}: `.{node.attr}` is the reference's collective; write it yourself")
         for name in names:
@@ -118,9 +140,6 @@ def scan_objects(objects: dict[str, Any], forbidden: tuple[str, ...]) -> list[st
             return
         for function in _functions_of(obj):
             for code in _code_objects(function.__code__):
-                for const in code.co_consts:
-                    if isinstance(const, str) and _forbidden(const.strip(), forbidden):
-                        problems.append(f"`{function.__qualname__}` names {const!r}")
                 for name in code.co_names:
                     if name not in function.__globals__:
                         continue

@@ -56,18 +56,22 @@ def test_a_subclass_of_the_reference_scores_zero_in_a_test_cell_too() -> None:
         ex04.check_training(GatherLinear, zero3.GatherEmbedding, world_sizes=[2])
 
 
-def test_scan_source_finds_imports_module_names_and_reference_methods_but_not_docstrings() -> None:
+def test_scan_source_finds_imports_import_calls_and_reference_methods_but_not_mentions() -> None:
     source = '''
 """Unlike zero_core.stages, this is mine."""
 import importlib
+import sys
 from zero_core.stages.zero2 import ReduceScatterLinear
 from zero_core import dist
 stages = importlib.import_module("zero_core.stages.zero3")
 def backward(ctx, grad):
     ctx.shard.reduce_scatter_gradients([grad])
+cached = sys.modules["zero_core.stages.zero2"]
+NOTE = "zero_core.stages"  # where I read about buckets
+print("compare with zero_core.stages.zero2")
 '''
     problems = scan_source(source, REFERENCE_MODULES)
-    assert [p.split(":")[0] for p in problems] == ["line 4", "line 6", "line 8"]
+    assert sorted(int(p.split(":")[0].removeprefix("line ")) for p in problems) == [5, 7, 9, 10]
 
 
 def test_scan_objects_follows_helpers_to_a_reference_they_use() -> None:
