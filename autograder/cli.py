@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 from autograder.checks import CheckResult, format_points, print_results, total
 from autograder.sandbox import Limits, grade_notebook
-from autograder.submission import EXERCISES, assignment_of, exercise_module
+from autograder.submission import EXERCISES, assignment_of, exercise_module, unreadable
 
 MiB = 2**20
 
@@ -67,6 +67,9 @@ def run_check_command(args: argparse.Namespace) -> int:
         assignment = assignment_of(path)
     except ValueError as error:
         raise UsageError(str(error)) from None
+    problem = unreadable(path)
+    if problem:
+        raise UsageError(problem)
     print(f"{assignment}: {path}")
     results = grade_notebook(path, assignment, _limits(args))
     print_results(results)

@@ -46,7 +46,15 @@ from autograder.checks import (
 )
 from autograder.integrity import REFERENCE_MODULES, scan_source, verdict
 from autograder.isolation import namespaced
-from autograder.submission import Submission, assignment_of, exercise_module, is_solution_cell, load, read_cells
+from autograder.submission import (
+    Submission,
+    assignment_of,
+    exercise_module,
+    is_solution_cell,
+    load,
+    read_cells,
+    unreadable,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 MiB = 2**20
@@ -105,6 +113,9 @@ def grade_notebook(
     path = Path(path).resolve()
     assignment = assignment or assignment_of(path)
     checks: tuple[Check, ...] = exercise_module(assignment).CHECKS
+    not_a_notebook = unreadable(path)
+    if not_a_notebook:
+        return [CheckResult(check.name, 0, check.points, f"not graded: {not_a_notebook}") for check in checks]
     problems = scan_notebook(path, assignment)
     if problems:
         message = verdict(problems, assignment)

@@ -64,6 +64,24 @@ def _nbgrader(cell: dict) -> dict:
     return cell.get("metadata", {}).get("nbgrader", {})
 
 
+def unreadable(path: Path) -> str | None:
+    """Why the file at `path` is not a notebook the grader can read, in one line; None if it is one."""
+    advice = "hand in the .ipynb file JupyterLab saves"
+    try:
+        notebook = json.loads(Path(path).read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        return f"{path.name} is not a notebook (not UTF-8 text): {advice}"
+    except json.JSONDecodeError as error:
+        where = f"{error.msg} at line {error.lineno} column {error.colno}"
+        return f"{path.name} is not a notebook (not JSON: {where}): {advice}"
+    except OSError as error:
+        return f"{path.name} is not a notebook the grader can read ({error.strerror}): {advice}"
+    cells = notebook.get("cells") if isinstance(notebook, dict) else None
+    if not isinstance(cells, list) or not all(isinstance(c, dict) and "cell_type" in c for c in cells):
+        return f"{path.name} is not a notebook (JSON, but without a list of cells): {advice}"
+    return None
+
+
 def read_cells(path: Path) -> list[dict]:
     """A notebook's cells, each source as one string (plain JSON: nbformat's schema checks cost seconds)."""
     cells = json.loads(Path(path).read_text(encoding="utf-8"))["cells"]

@@ -58,6 +58,17 @@ def test_check_exits_zero_when_points_are_lost() -> None:
     assert done.stdout.splitlines()[-1] == "total: 0/10 points"
 
 
+@pytest.mark.parametrize("content", ["{ this is not json", "[1, 2, 3]", '{"cells": "none"}'])
+def test_check_says_in_one_line_that_a_file_named_like_an_exercise_is_not_a_notebook(
+    tmp_path: Path, content: str
+) -> None:
+    garbage = tmp_path / f"{EX05}.ipynb"
+    garbage.write_text(content)
+    done = run_autograder("check", str(garbage))
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.count("\n") == 1 and "is not a notebook" in done.stderr, done.stderr
+
+
 def test_check_refuses_a_notebook_that_is_not_an_exercise(tmp_path: Path) -> None:
     other = tmp_path / "homework.ipynb"
     other.write_text(notebook("exercises").read_text())
@@ -101,7 +112,7 @@ def test_grade_writes_the_csv_and_feedback_and_survives_a_broken_notebook(fake_c
     bob = (feedback / "bob.txt").read_text()
     assert "2Ψ + 14Ψ/N" in bob and bob.rstrip().endswith("total: 2/10 points")
     carol = (feedback / "carol.txt").read_text()
-    assert "not graded: the grading process exited with code 1" in carol
+    assert "not graded: ex05_memory_planning.ipynb is not a notebook (not JSON" in carol
 
 
 def test_a_rerun_resumes_and_force_regrades(fake_class: Path, tmp_path: Path) -> None:

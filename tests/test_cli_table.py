@@ -114,6 +114,9 @@ def test_plan_writes_json(tmp_path, capsys) -> None:
         (["plan", "--params", "13B", "--gpu-memory", "lots"], "--gpu-memory"),
         (["plan", "--params", "0", "--gpu-memory", "80GB"], "--params"),
         (["plan", "--params", "13B"], "--gpu-memory"),
+        (["plan", "--params", "-13B", "--gpu-memory", "80GB"], "cannot be negative"),
+        (["plan", "--params", "13B", "--gpu-memory", "-1GB"], "cannot be negative"),
+        (["table", "--params", "7.5B", "--gpus", "64", "--bandwidth", "-.5GB/s"], "cannot be negative"),
     ],
 )
 def test_bad_input_gets_one_line_and_exit_code_2(argv: list[str], message: str, capsys) -> None:

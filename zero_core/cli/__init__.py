@@ -7,6 +7,7 @@ one line on stderr and exit code 2.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 
 from zero_core.cli import compare, plan, table
@@ -29,8 +30,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_NEGATIVE_VALUE = re.compile(r"^-\.?\d")
+
+
+def attach_negative_values(argv: list[str]) -> list[str]:
+    """`--params -13B` as `--params=-13B`: argparse takes a value that starts with '-' and is not a plain
+    number for an option, and would say "expected one argument" instead of why the value is wrong."""
+    joined: list[str] = []
+    for arg in argv:
+        if joined and joined[-1].startswith("--") and "=" not in joined[-1] and _NEGATIVE_VALUE.match(arg):
+            joined[-1] = f"{joined[-1]}={arg}"
+        else:
+            joined.append(arg)
+    return joined
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(attach_negative_values(sys.argv[1:] if argv is None else argv))
     try:
         return COMMANDS[args.command].run(args)
     except UsageError as error:
