@@ -13,6 +13,7 @@ cache plugin is disabled.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
@@ -134,3 +135,24 @@ def test_notebook_is_committed_with_outputs_stripped(path: Path) -> None:
         f"{path.relative_to(ROOT)}: cells {dirty} have outputs or execution counts; "
         "clear them before committing (JupyterLab: Edit > Clear Outputs of All Cells, then save)"
     )
+
+
+def test_lesson_5s_calculator_starts_on_the_values_of_the_table_above_it() -> None:
+    """Its sliders' first values are the static table's arguments exactly (a log slider would snap 7.5B to
+    7.94B and 50 GB/s to 50.1 GB/s, and the first answer would contradict the table above it)."""
+    cells = json.loads((LESSONS_DIR / "05_at_scale.ipynb").read_text())["cells"]
+    calls = [
+        node
+        for cell in cells
+        if cell["cell_type"] == "code"
+        for node in ast.walk(ast.parse("".join(cell["source"]).replace("%matplotlib inline", "")))
+        if isinstance(node, ast.Call)
+    ]
+    static = next(c for c in calls if getattr(c.func, "id", "") == "zero_table")
+    calculator = next(c for c in calls if getattr(c.func, "attr", "") == "interact")
+    sliders = {k.arg: k.value for k in calculator.keywords}
+    for argument in static.keywords:
+        slider = sliders[argument.arg]
+        assert slider.func.attr in ("SelectionSlider", "FloatSlider"), f"{argument.arg}: {slider.func.attr} snaps"
+        start = next(k.value for k in slider.keywords if k.arg == "value")
+        assert ast.literal_eval(start) == ast.literal_eval(argument.value), argument.arg
