@@ -13,9 +13,18 @@ and the gradebook is `gradebook.db` beside this file: both are git-ignored, as t
 from pathlib import Path
 
 from nbconvert.preprocessors import ClearMetadataPreprocessor
-from nbgrader.preprocessors import AssignLatePenalties, CheckCellMetadata, IgnorePattern, LimitOutput, SaveAutoGrades
+from nbgrader.preprocessors import (
+    AssignLatePenalties,
+    CheckCellMetadata,
+    ClearOutput,
+    DeduplicateIds,
+    IgnorePattern,
+    LimitOutput,
+    OverwriteKernelspec,
+    SaveAutoGrades,
+)
 
-from autograder.nbgrader_grading import TrustedGrade
+from autograder.nbgrader_grading import OverwriteCellsKnowingHiddenTests, TrustedGrade
 
 c = get_config()  # noqa: F821 (nbgrader provides get_config when it loads this file)
 
@@ -40,5 +49,15 @@ c.Autograde.autograde_preprocessors = [
     LimitOutput,
     SaveAutoGrades,
     AssignLatePenalties,
+    CheckCellMetadata,
+]
+
+# A test cell handed back exactly as released differs from its source only by the hidden tests that
+# generate_assignment stripped; nbgrader warns about its checksum all the same (jupyter/nbgrader#1961).
+c.Autograde.sanitize_preprocessors = [
+    ClearOutput,
+    DeduplicateIds,
+    OverwriteKernelspec,
+    OverwriteCellsKnowingHiddenTests,
     CheckCellMetadata,
 ]

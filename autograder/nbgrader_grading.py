@@ -14,12 +14,16 @@ submission runs in a kernel.
 
 from __future__ import annotations
 
+import copy
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import nbformat
 from nbconvert.preprocessors import Preprocessor
+from nbgrader import utils
+from nbgrader.api import MissingEntry
+from nbgrader.preprocessors import ClearHiddenTests, OverwriteCells
 from traitlets import Float
 
 from autograder.checks import CheckResult
@@ -63,3 +67,29 @@ def _output(result: CheckResult) -> nbformat.NotebookNode:
     return nbformat.v4.new_output(
         "error", ename="AssertionError", evalue=result.message, traceback=[f"AssertionError: {result.message}"]
     )
+
+
+class OverwriteCellsKnowingHiddenTests(OverwriteCells):
+    """nbgrader's `OverwriteCells` without its false alarm on test cells with hidden tests.
+
+    nbgrader stores a test cell's checksum before `generate_assignment` strips its hidden tests, so a
+    locked cell handed back exactly as released is reported as changed ("Attribute 'checksum' for cell
+    test_hidden_... has changed!", jupyter/nbgrader#1961) for every student. A cell that is the source
+    cell with its hidden tests stripped, to the character, is put back first, so only a cell a student
+    really edited is reported; the restoring and checking are nbgrader's own.
+    """
+
+    def preprocess_cell(self, cell: nbformat.NotebookNode, resources: dict, cell_index: int) -> tuple:
+        grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
+        if grade_id is not None and utils.is_locked(cell):
+            try:
+                source = self.gradebook.find_source_cell(grade_id, self.notebook_id, self.assignment_id).source
+            except MissingEntry:
+                source = None
+            if source is not None and source != cell.source:
+                released = copy.deepcopy(cell)
+                released.source = source
+                ClearHiddenTests()._remove_hidden_test_region(released)
+                if released.source == cell.source:
+                    cell.source = source
+        return super().preprocess_cell(cell, resources, cell_index)

@@ -11,6 +11,7 @@ points as the batch grader gives; alice's graded test cells must not have writte
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import sys
@@ -74,6 +75,8 @@ def course(tmp_path_factory: pytest.TempPathFactory) -> Path:
         patch.setenv("PATH", os.pathsep.join([bin_dir, os.environ.get("PATH", "")]))
         patch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
         api = NbGraderAPI(config=config)
+        warnings = logging.getLogger("traitlets")
+        warnings.addHandler(_WARNINGS)
         with Gradebook(config.CourseDirectory.db_url) as gradebook:
             for student in STUDENTS:
                 gradebook.update_or_create_student(student)
@@ -104,7 +107,28 @@ def course(tmp_path_factory: pytest.TempPathFactory) -> Path:
                 assert result["success"], result["log"]
                 result = api.generate_feedback(assignment, student)
                 assert result["success"], result["log"]
+        warnings.removeHandler(_WARNINGS)
         yield course
+
+
+class _Collected(logging.Handler):
+    """The warnings nbgrader logs while the fixture grades the class."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+_WARNINGS = _Collected()
+
+
+def test_nobody_who_left_the_locked_cells_alone_gets_a_checksum_warning(course: Path) -> None:
+    """Every fixture edits solution cells only, so nbgrader has nothing to report: its warning about test
+    cells whose hidden tests the release stripped (jupyter/nbgrader#1961) is a false alarm."""
+    assert [m for m in _WARNINGS.messages if "has changed" in m] == []
 
 
 def expected_points(assignment: str, lost: set[str]) -> float:
