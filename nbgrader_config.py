@@ -42,6 +42,9 @@ c.Execute.timeout = 300
 # Autograde decides each test cell's outcome with the course's grader (student code in a child process,
 # verdicts in nbgrader's own), instead of running the test cells in the kernel the student's code ran in:
 # `TrustedGrade` takes the place of nbgrader's `Execute`; the rest of the pipeline is nbgrader's default.
+# A correct notebook is graded in seconds; a looping one costs at most these (not nbgrader's 300 s a cell).
+c.TrustedGrade.time_limit_s = 120
+c.TrustedGrade.check_time_limit_s = 30
 c.Autograde.autograde_preprocessors = [
     TrustedGrade,
     IgnorePattern,

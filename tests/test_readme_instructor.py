@@ -1,0 +1,120 @@
+"""The README's instructor commands, run as written on a copy of the course with a fake class; and `make lab`.
+
+The shell block of the README's "Instructors" section is read from the README itself and run line by line
+in a fresh copy of the course (its virtual environment shared, nothing activated, the venv not on PATH),
+with three students who handed in exercise 5: alice the solution, bob one wrong formula, lenny a notebook
+whose first solution cell never ends. If a step drifts from the code, this test fails.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+import shutil
+import signal
+import sqlite3
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+EX05 = "ex05_memory_planning"
+LEFT_OUT = (".venv", ".git", "out", "gradebook.db", "__pycache__", ".pytest_cache", ".ruff_cache")
+pytestmark = pytest.mark.ex05
+
+
+def instructor_commands() -> list[str]:
+    """The commands of the first shell block under the README's "### Instructors" heading."""
+    section = (ROOT / "README.md").read_text().split("### Instructors\n", 1)[1].split("\n### ", 1)[0]
+    block = re.search(r"```bash\n(.*?)```", section, re.DOTALL)
+    assert block, "the Instructors section has no ```bash block"
+    commands = [line.split("#", 1)[0].strip() for line in block.group(1).splitlines()]
+    return [command for command in commands if command]
+
+
+def hand_in(course: Path, student: str, notebook_text: str) -> None:
+    path = course / "out" / "submitted" / student / EX05 / f"{EX05}.ipynb"
+    path.parent.mkdir(parents=True)
+    path.write_text(notebook_text)
+
+
+def test_the_instructor_commands_grade_a_class_as_the_readme_says(tmp_path: Path) -> None:
+    course = tmp_path / "course"
+    shutil.copytree(ROOT, course, ignore=shutil.ignore_patterns(*LEFT_OUT), copy_function=shutil.copy2)
+    (course / ".venv").symlink_to(ROOT / ".venv")
+    solution = (ROOT / "solutions" / EX05 / f"{EX05}.ipynb").read_text()
+    hand_in(course, "alice", solution)
+    hand_in(course, "bob", solution.replace("2: (2, 2 + k)", "2: (2, k)"))
+    endless = "while True:\\n    pass\\n\\n\\ndef model_state_bytes("
+    hand_in(course, "lenny", solution.replace("def model_state_bytes(", endless, 1))
+    env = {key: value for key, value in os.environ.items() if key not in ("VIRTUAL_ENV", "PYTHONPATH")}
+    env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if ".venv" not in p)
+
+    commands = instructor_commands()
+    assert commands == ["make release", "make autograde", "make feedback", "make grade"]
+    started = time.perf_counter()
+    for command in commands:
+        done = subprocess.run(command, shell=True, cwd=course, env=env, capture_output=True, text=True, timeout=400)
+        assert done.returncode == 0, f"{command}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    seconds = time.perf_counter() - started
+
+    with sqlite3.connect(course / "gradebook.db") as db:
+        rows = db.execute(
+            "SELECT student.id, SUM(grade.auto_score) FROM grade "
+            "JOIN submitted_notebook ON grade.notebook_id = submitted_notebook.id "
+            "JOIN submitted_assignment ON submitted_notebook.assignment_id = submitted_assignment.id "
+            "JOIN student ON submitted_assignment.student_id = student.id GROUP BY student.id"
+        ).fetchall()
+    assert dict(rows) == {"alice": 10.0, "bob": 2.0, "lenny": 0.0}
+    with (course / "out" / "grades.csv").open(newline="") as handle:
+        grades = {row["student"]: row[EX05] for row in csv.DictReader(handle)}
+    assert grades == {"alice": "10", "bob": "2", "lenny": "0"}
+    for student in ("alice", "bob", "lenny"):
+        assert (course / "out" / "feedback" / student / EX05 / f"{EX05}.html").exists()
+        assert (course / "out" / "autograder-feedback" / f"{student}.txt").exists()
+    assert "took over 30 s" in (course / "out" / "autograder-feedback" / "lenny.txt").read_text()
+    assert seconds < 240, f"the class took {seconds:.0f} s: the looping student should cost about a minute"
+
+
+def contents(url: str, tries: int = 30) -> list[dict]:
+    """A folder's entries from the Jupyter server at `url`, which may take a moment to accept connections."""
+    for attempt in range(tries):
+        try:
+            with urllib.request.urlopen(url, timeout=30) as answer:
+                return json.load(answer)["content"]
+        except urllib.error.URLError:
+            if attempt == tries - 1:
+                raise
+            time.sleep(1)
+    return []
+
+
+def test_make_lab_serves_lessons_exercises_and_solutions_and_prints_its_url() -> None:
+    """As a new user runs it (root included): the URL it prints answers for every folder of the course."""
+    lab = subprocess.Popen(
+        ["make", "lab"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+    try:
+        deadline, url = time.monotonic() + 90, None
+        while url is None and time.monotonic() < deadline:
+            line = lab.stdout.readline()
+            if not line and lab.poll() is not None:
+                break
+            found = re.search(r"(http://127\.0\.0\.1:\d+)/lab\S*\?token=(\w+)", line)
+            if found:
+                url = found.groups()
+        assert url, "make lab printed no URL"
+        base, token = url
+        for folder in ("lessons", "exercises", "solutions"):
+            names = [item["name"] for item in contents(f"{base}/api/contents/{folder}?token={token}")]
+            assert names, folder
+        assert "ex05_memory_planning" in names
+    finally:
+        os.killpg(lab.pid, signal.SIGTERM)
+        lab.wait(timeout=30)
