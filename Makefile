@@ -3,6 +3,8 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# Extra pip options for the first install, e.g. PyTorch's CPU index on a laptop (see the README).
+PIP_OPTIONS ?=
 
 ASSIGNMENTS := ex01_collectives ex02_zero1_sharded_adam ex03_zero2_reduce_scatter_backward ex04_zero3_gather_linear \
 	ex05_memory_planning
@@ -18,7 +20,7 @@ GRADE_LIMITS := --time-limit 120 --check-time-limit 30
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11 or newer is needed (found " + sys.version.split()[0] + "); set PYTHON=python3.11")'
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e .
+	$(PY) -m pip install --quiet --disable-pip-version-check $(PIP_OPTIONS) -e .
 	touch $(STAMP)
 
 demo: $(STAMP)

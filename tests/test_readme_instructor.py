@@ -1,4 +1,4 @@
-"""The README's instructor commands, run as written on a copy of the course with a fake class; and `make lab`.
+"""The README's instructor and self-study commands, run as written; and `make lab`.
 
 The shell block of the README's "Instructors" section is read from the README itself and run line by line
 in a fresh copy of the course (its virtual environment shared, nothing activated, the venv not on PATH),
@@ -29,13 +29,21 @@ LEFT_OUT = (".venv", ".git", "out", "gradebook.db", "__pycache__", ".pytest_cach
 pytestmark = pytest.mark.ex05
 
 
-def instructor_commands() -> list[str]:
-    """The commands of the first shell block under the README's "### Instructors" heading."""
-    section = (ROOT / "README.md").read_text().split("### Instructors\n", 1)[1].split("\n### ", 1)[0]
+def readme_commands(heading: str) -> list[str]:
+    """The commands of the first shell block under the README's `### {heading}`."""
+    section = (ROOT / "README.md").read_text().split(f"### {heading}\n", 1)[1].split("\n### ", 1)[0]
     block = re.search(r"```bash\n(.*?)```", section, re.DOTALL)
-    assert block, "the Instructors section has no ```bash block"
+    assert block, f"the {heading} section has no ```bash block"
     commands = [line.split("#", 1)[0].strip() for line in block.group(1).splitlines()]
     return [command for command in commands if command]
+
+
+def test_the_self_study_check_command_grades_the_released_notebook_as_the_readme_says() -> None:
+    commands = readme_commands("Self-study")
+    assert commands[0] == "make lab"  # served and read in test_make_lab_serves_..., below
+    done = subprocess.run(commands[1], shell=True, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "total: 0/10 points"
 
 
 def hand_in(course: Path, student: str, notebook_text: str) -> None:
@@ -56,7 +64,7 @@ def test_the_instructor_commands_grade_a_class_as_the_readme_says(tmp_path: Path
     env = {key: value for key, value in os.environ.items() if key not in ("VIRTUAL_ENV", "PYTHONPATH")}
     env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if ".venv" not in p)
 
-    commands = instructor_commands()
+    commands = readme_commands("Instructors")
     assert commands == ["make release", "make autograde", "make feedback", "make grade"]
     started = time.perf_counter()
     for command in commands:
