@@ -9,7 +9,6 @@ buffer of `numel` elements padded the same way.
 
 from __future__ import annotations
 
-import base64
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -18,6 +17,7 @@ import torch
 from autograder.checks import Check, CheckFailed, ObservationInvalid, graded
 from autograder.harness import COLLECTIVE_TIMEOUT_S, RUN_DEADLINE_S, run_once
 from autograder.integrity import REFERENCE_MODULES, require_own_code
+from autograder.records import decode_floats, encode_floats
 from zero_core import comm, dist
 from zero_core.cluster import VirtualCluster
 from zero_core.context import current
@@ -78,21 +78,14 @@ def _integrity(objects: dict) -> None:
 
 
 def _values(tensor: object, numel: int) -> str | None:
-    """A tensor of `numel` elements as base64 fp32 (exact for bf16 and fp32); None for anything else."""
+    """A float tensor of `numel` elements as data (exact for bf16 and fp32); None for anything else."""
     if not isinstance(tensor, torch.Tensor) or tensor.numel() != numel or not tensor.dtype.is_floating_point:
         return None
-    return base64.b64encode(tensor.detach().float().contiguous().numpy().tobytes()).decode("ascii")
+    return encode_floats(tensor)
 
 
 def _read_values(encoded: object, shape: tuple[int, ...], dtype: torch.dtype, what: str) -> torch.Tensor:
-    numel = torch.Size(shape).numel()
-    try:
-        raw = base64.b64decode(encoded, validate=True) if isinstance(encoded, str) else b""
-    except ValueError:
-        raw = b""
-    if len(raw) != 4 * numel:
-        raise ObservationInvalid(f"the grading process returned malformed data ({what}): no points")
-    return torch.frombuffer(bytearray(raw), dtype=torch.float32).view(shape).to(dtype)
+    return decode_floats(encoded, torch.Size(shape).numel(), what).view(shape).to(dtype)
 
 
 def observe_all_reduce(my_all_reduce: Callable, world_sizes: list[int]) -> dict:

@@ -130,7 +130,8 @@ class Run:
 # -- to data, in the child ---------------------------------------------------------------------------
 
 
-def _floats(tensor: torch.Tensor) -> str:
+def encode_floats(tensor: torch.Tensor) -> str:
+    """A float tensor as base64 of its values in fp32, little-endian: exact for bf16, fp16 and fp32."""
     return base64.b64encode(tensor.detach().to(torch.float32).contiguous().numpy().tobytes()).decode("ascii")
 
 
@@ -141,8 +142,8 @@ def run_to_data(run: Run) -> dict[str, Any]:
         "ranks": [
             {
                 "losses": list(record.losses),
-                "master": {name: [start, _floats(values)] for name, (start, values) in record.master.items()},
-                "adam_grads": [[layer, step, _floats(grad)] for (layer, step), grad in record.adam_grads.items()],
+                "master": {name: [start, encode_floats(values)] for name, (start, values) in record.master.items()},
+                "adam_grads": [[layer, step, encode_floats(grad)] for (layer, step), grad in record.adam_grads.items()],
                 "stray_grads": sorted(record.stray_grads),
                 "largest_fp32": {layer: [numel, where] for layer, (numel, where) in record.largest_fp32.items()},
             }
@@ -184,7 +185,8 @@ def _list(value: Any, what: str, length: int | None = None) -> list:
     return value
 
 
-def _tensor(value: Any, numel: int, what: str) -> torch.Tensor:
+def decode_floats(value: Any, numel: int, what: str) -> torch.Tensor:
+    """The fp32 tensor of `numel` values that `encode_floats` wrote; `ObservationInvalid` for anything else."""
     _require(isinstance(value, str), f"{what} is not encoded values")
     try:
         raw = base64.b64decode(value, validate=True)
@@ -205,12 +207,12 @@ def _rank_record(data: Any, rank: int, steps: int, partitions: dict[str, FlatPar
     for name, entry in master.items():
         start, end = partitions[name].owned_range(rank)
         _require(isinstance(entry, list) and len(entry) == 2 and entry[0] == start, f"{what}'s {name} shard offset")
-        record.master[name] = (start, _tensor(entry[1], end - start, f"{what}'s {name} master"))
+        record.master[name] = (start, decode_floats(entry[1], end - start, f"{what}'s {name} master"))
     for entry in _list(data.get("adam_grads"), f"{what}'s Adam gradients"):
         _require(isinstance(entry, list) and len(entry) == 3, f"{what}'s Adam gradient entry")
         layer, step, values = entry
         _require(layer in partitions and _is_int(step) and 0 <= step < steps, f"{what}'s Adam gradient key")
-        record.adam_grads[(layer, step)] = _tensor(values, _numel_of(values), f"{what}'s {layer} gradient")
+        record.adam_grads[(layer, step)] = decode_floats(values, _numel_of(values), f"{what}'s {layer} gradient")
     stray = _list(data.get("stray_grads"), f"{what}'s stray gradients")
     _require(all(layer in partitions for layer in stray), f"{what}'s stray gradient layers")
     record.stray_grads = set(stray)
