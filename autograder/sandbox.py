@@ -103,6 +103,8 @@ def _tail(path: Path, lines: int = 8) -> str:
 
 MAX_MESSAGE_CHARS = 4000
 """A failure message written by the child is shown to the student, truncated to this."""
+MAX_CELL_ERRORS = 20
+"""At most this many of the child's cell errors are added to a failed check's message."""
 
 
 def grade_notebook(
@@ -214,7 +216,8 @@ def judge_observed(check: Check, observed: Observed | None, missing: str, cell_e
         result = CheckResult(check.name, 0, check.points, observed.failure)
     else:
         result = judge_check(check, observed.observation)
-    errors = [e[:MAX_MESSAGE_CHARS] for e in cell_errors if isinstance(e, str)] if isinstance(cell_errors, list) else []
+    listed = cell_errors[:MAX_CELL_ERRORS] if isinstance(cell_errors, list) else []
+    errors = [e[:MAX_MESSAGE_CHARS] for e in listed if isinstance(e, str)]
     if not result.passed and errors:
         result = CheckResult(result.name, 0, result.max_points, "\n".join([result.message, *errors]))
     return result
