@@ -1,7 +1,7 @@
 """Grade one notebook: the student's code runs in a child process, the points are decided in this one.
 
 `grade_notebook(path)` first reads the notebook's solution cells as text and looks for uses of the
-reference implementation (`integrity.scan_source`: a parse, nothing runs). Then it starts
+reference implementation (`submission.reference_uses`: a parse, nothing runs). Then it starts
 `python -m autograder.sandbox` (the same interpreter), which limits its own address space
 (`RLIMIT_AS`), loads the solution cells (`autograder.submission`) and runs the observing half of every
 check (`Check.function.observe`), appending each observation, or why there is none, to a JSON-lines
@@ -44,17 +44,9 @@ from autograder.checks import (
     run_check,
     through_json,
 )
-from autograder.integrity import REFERENCE_MODULES, scan_source, verdict
+from autograder.integrity import verdict
 from autograder.isolation import namespaced
-from autograder.submission import (
-    Submission,
-    assignment_of,
-    exercise_module,
-    is_solution_cell,
-    load,
-    read_cells,
-    unreadable,
-)
+from autograder.submission import Submission, assignment_of, exercise_module, load, reference_uses, unreadable
 
 ROOT = Path(__file__).resolve().parents[1]
 MiB = 2**20
@@ -118,7 +110,7 @@ def grade_notebook(
     not_a_notebook = unreadable(path)
     if not_a_notebook:
         return [CheckResult(check.name, 0, check.points, f"not graded: {not_a_notebook}") for check in checks]
-    problems = scan_notebook(path, assignment)
+    problems = reference_uses(path, assignment)
     if problems:
         message = verdict(problems, assignment)
         return [CheckResult(check.name, 0, check.points, message) for check in checks]
@@ -167,21 +159,6 @@ def grade_notebook(
 
 
 CELL_ERRORS = "<cell errors>"
-
-
-def scan_notebook(path: Path, assignment: str) -> list[str]:
-    """Uses of the reference implementation in the notebook's solution cells, found by reading them."""
-    forbidden = getattr(exercise_module(assignment), "FORBIDDEN", REFERENCE_MODULES)
-    try:
-        cells = read_cells(path)
-    except (OSError, ValueError, KeyError, TypeError):
-        return []
-    problems = []
-    for cell in cells:
-        if is_solution_cell(cell) and isinstance(cell.get("source"), str):
-            grade_id = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id", "?")
-            problems += [f"cell `{grade_id}`, {p}" for p in scan_source(cell["source"], forbidden)]
-    return problems
 
 
 def read_observations(path: Path, names: set[str]) -> dict[str, Observed]:

@@ -121,19 +121,39 @@ def _run_cell(source: str, filename: str, namespace: dict[str, Any]) -> None:
     exec(compile(source, filename, "exec"), namespace)
 
 
-def load(path: Path, assignment: str | None = None) -> Submission:
-    """Run the setup and solution cells of the notebook at `path`; never raises for the student's code."""
-    assignment = assignment or assignment_of(path)
-    module = exercise_module(assignment)
+def _trusted_cells(path: Path, assignment: str) -> tuple[list[dict], dict[str, str]]:
+    """(the release notebook's cells, the student's solution sources by grade id) for the notebook at `path`."""
     student = read_cells(path)
     release = RELEASE_DIR / assignment / f"{assignment}.ipynb"
     trusted = read_cells(release) if release.exists() else student
-    solutions = {_nbgrader(c).get("grade_id"): c["source"] for c in student if is_solution_cell(c)}
+    return trusted, {_nbgrader(c).get("grade_id"): c["source"] for c in student if is_solution_cell(c)}
+
+
+def reference_uses(path: Path, assignment: str) -> list[str]:
+    """Uses of the reference implementation in the solution cells the grader runs, found by parsing them
+    (nothing runs): what costs a submission every point."""
+    return _reference_uses(*_trusted_cells(path, assignment), assignment)
+
+
+def _reference_uses(trusted: list[dict], solutions: dict[str, str], assignment: str) -> list[str]:
+    forbidden = getattr(exercise_module(assignment), "FORBIDDEN", REFERENCE_MODULES)
+    return [
+        f"cell `{grade_id}`, {problem}"
+        for cell in trusted
+        if is_solution_cell(cell) and (grade_id := _nbgrader(cell).get("grade_id", "")) in solutions
+        for problem in scan_source(solutions[grade_id], forbidden)
+    ]
+
+
+def load(path: Path, assignment: str | None = None) -> Submission:
+    """Run the setup and solution cells of the notebook at `path`; never raises for the student's code."""
+    assignment = assignment or assignment_of(path)
+    trusted, solutions = _trusted_cells(path, assignment)
 
     namespace_module = types.ModuleType("submission")
     sys.modules["submission"] = namespace_module
-    submission = Submission(assignment, namespace_module.__dict__)
-    forbidden = getattr(module, "FORBIDDEN", REFERENCE_MODULES)
+    problems = _reference_uses(trusted, solutions, assignment)
+    submission = Submission(assignment, namespace_module.__dict__, integrity_problems=problems)
     for cell in trusted:
         grade_id = _nbgrader(cell).get("grade_id", "")
         if is_setup_cell(cell):
@@ -143,7 +163,6 @@ def load(path: Path, assignment: str | None = None) -> Submission:
                 submission.cell_errors.append(f"cell `{grade_id}` is missing from the notebook")
                 continue
             source = solutions[grade_id]
-            submission.integrity_problems += [f"cell `{grade_id}`, {p}" for p in scan_source(source, forbidden)]
         else:
             continue
         try:
