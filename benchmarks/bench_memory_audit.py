@@ -26,7 +26,7 @@ from zero_core.cluster import INTERCONNECT, VirtualCluster
 from zero_core.context import current
 from zero_core.memory import UNLABELLED, MemoryTracker
 from zero_core.model import count_parameters, preset
-from zero_core.reachable import reachable_storages
+from zero_core.reachable import reachable_storages, unaccounted
 from zero_core.stages import STAGES, TrainConfig
 
 
@@ -39,9 +39,7 @@ def ledger_against_reachable(stage: int) -> tuple[int, int, int, int]:
     named = sum(h.nbytes for h in held.values() if h.category not in UNLABELLED)
     reached = reachable_storages(("stage", trainer), stop=(*INTERCONNECT, MemoryTracker))
     reachable = sum(r.nbytes for r in reached.values())
-    unnamed = sum(
-        r.nbytes for key, r in reached.items() if key not in held or held[key].category in UNLABELLED
-    )
+    unnamed = sum(found.nbytes for found, _ in unaccounted(reached, tracker))
     return tracker.current_bytes(), named, reachable, unnamed
 
 

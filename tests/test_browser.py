@@ -11,11 +11,7 @@ so and skips; under CI (`CI=true`), whose `.ci/run` installs them, it fails inst
 from __future__ import annotations
 
 import os
-import re
 import shutil
-import signal
-import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,7 +20,6 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 SCREENSHOTS = Path(os.environ.get("BROWSER_SCREENSHOTS", ROOT / "out" / "browser"))
-LEFT_OUT = (".venv", ".git", "out", "gradebook.db", "__pycache__", ".pytest_cache", ".ruff_cache")
 
 if not (CHROMIUM and CHROMEDRIVER):
     if os.environ.get("CI") == "true":
@@ -32,6 +27,7 @@ if not (CHROMIUM and CHROMEDRIVER):
     pytest.skip("no chromium and chromedriver here (Debian: apt-get install chromium chromium-driver)",
                 allow_module_level=True)
 
+from course_copy import copy_course, started_lab  # noqa: E402
 from selenium import webdriver  # noqa: E402
 from selenium.common.exceptions import StaleElementReferenceException  # noqa: E402
 from selenium.webdriver.chrome.options import Options  # noqa: E402
@@ -45,24 +41,8 @@ from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
     """(base URL, token) of `make lab` started in a copy of the course."""
-    course = tmp_path_factory.mktemp("lab") / "course"
-    shutil.copytree(ROOT, course, ignore=shutil.ignore_patterns(*LEFT_OUT), copy_function=shutil.copy2)
-    (course / ".venv").symlink_to(ROOT / ".venv")
-    server = subprocess.Popen(
-        ["make", "lab"], cwd=course, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
-    )
-    try:
-        deadline, found = time.monotonic() + 120, None
-        while found is None and time.monotonic() < deadline:
-            line = server.stdout.readline()
-            if not line and server.poll() is not None:
-                break
-            found = re.search(r"(http://127\.0\.0\.1:\d+)/lab\S*\?token=(\w+)", line)
-        assert found, "make lab printed no URL"
-        yield found.group(1), found.group(2)
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=30)
+    with started_lab(copy_course(tmp_path_factory.mktemp("lab") / "course")) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

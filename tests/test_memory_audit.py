@@ -27,7 +27,7 @@ from zero_core.context import current
 from zero_core.memory import MemoryTracker
 from zero_core.model import parameter_layers, preset
 from zero_core.partition import unflatten
-from zero_core.reachable import reachable_storages
+from zero_core.reachable import reachable_storages, unaccounted
 from zero_core.stages import STAGES, TrainConfig, Zero1, Zero2, Zero3
 
 MICRO = TrainConfig(model=preset("micro"))
@@ -53,17 +53,11 @@ def check_ledger(stage: int, trainer: stage_base.ZeroStage, loss: torch.Tensor |
     tracker = trainer.tracker
     roots = [("stage", trainer)] + ([("loss", loss)] if loss is not None else [])
     reached = reachable_storages(*roots, stop=(*INTERCONNECT, MemoryTracker))
-    held = tracker.held_storages()
     where = f"rank {trainer.rank}, {when}"
-    for found in reached.values():
-        if not found.nbytes:
-            continue
-        entry = held.get(found.key)
-        if entry is None or entry.category in memory.UNLABELLED:
-            state = "not on the ledger" if entry is None else f"counted as {entry.category}"
-            raise LedgerGap(f"{where}: {found.path} holds {found.nbytes:,} bytes {state}")
-        if entry.nbytes != found.nbytes:
-            raise LedgerGap(f"{where}: {found.path} holds {found.nbytes:,} bytes, the ledger says {entry.nbytes:,}")
+    gaps = unaccounted(reached, tracker)
+    if gaps:
+        found, state = gaps[0]
+        raise LedgerGap(f"{where}: {found.path} holds {found.nbytes:,} bytes, {state}")
     if tracker.current_bytes(memory.UNTRACKED):
         raise LedgerGap(f"{where}: {tracker.current_bytes(memory.UNTRACKED):,} bytes untracked")
     if tracker.current_bytes(memory.GATHER):

@@ -12,8 +12,6 @@ import csv
 import json
 import os
 import re
-import shutil
-import signal
 import sqlite3
 import subprocess
 import time
@@ -22,10 +20,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from course_copy import ROOT, copy_course, started_lab
 
-ROOT = Path(__file__).resolve().parents[1]
 EX05 = "ex05_memory_planning"
-LEFT_OUT = (".venv", ".git", "out", "gradebook.db", "__pycache__", ".pytest_cache", ".ruff_cache")
 pytestmark = pytest.mark.ex05
 
 
@@ -53,9 +50,7 @@ def hand_in(course: Path, student: str, notebook_text: str) -> None:
 
 
 def test_the_instructor_commands_grade_a_class_as_the_readme_says(tmp_path: Path) -> None:
-    course = tmp_path / "course"
-    shutil.copytree(ROOT, course, ignore=shutil.ignore_patterns(*LEFT_OUT), copy_function=shutil.copy2)
-    (course / ".venv").symlink_to(ROOT / ".venv")
+    course = copy_course(tmp_path / "course")
     solution = (ROOT / "solutions" / EX05 / f"{EX05}.ipynb").read_text()
     hand_in(course, "alice", solution)
     hand_in(course, "bob", solution.replace("2: (2, 2 + k)", "2: (2, k)"))
@@ -105,24 +100,8 @@ def contents(url: str, tries: int = 30) -> list[dict]:
 
 def test_make_lab_serves_lessons_exercises_and_solutions_and_prints_its_url() -> None:
     """As a new user runs it (root included): the URL it prints answers for every folder of the course."""
-    lab = subprocess.Popen(
-        ["make", "lab"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
-    )
-    try:
-        deadline, url = time.monotonic() + 90, None
-        while url is None and time.monotonic() < deadline:
-            line = lab.stdout.readline()
-            if not line and lab.poll() is not None:
-                break
-            found = re.search(r"(http://127\.0\.0\.1:\d+)/lab\S*\?token=(\w+)", line)
-            if found:
-                url = found.groups()
-        assert url, "make lab printed no URL"
-        base, token = url
+    with started_lab(ROOT) as (base, token):
         for folder in ("lessons", "exercises", "solutions"):
             names = [item["name"] for item in contents(f"{base}/api/contents/{folder}?token={token}")]
             assert names, folder
         assert "ex05_memory_planning" in names
-    finally:
-        os.killpg(lab.pid, signal.SIGTERM)
-        lab.wait(timeout=30)

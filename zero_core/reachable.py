@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from zero_core.memory import UNLABELLED, MemoryTracker
+
 _ATOMS = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.Size, range)
 _OPAQUE = (type, types.ModuleType, types.FrameType, types.CodeType)
 
@@ -46,6 +48,24 @@ def reachable_storages(*roots: tuple[str, Any], stop: tuple[type, ...] = ()) -> 
             found.setdefault(storage._cdata, ReachedStorage(storage._cdata, storage.nbytes(), path))
         stack.extend(reversed(list(_children(path, obj))))
     return found
+
+
+def unaccounted(reached: dict[int, ReachedStorage], tracker: MemoryTracker) -> list[tuple[ReachedStorage, str]]:
+    """The reached storages the tracker does not name at their true size, each with what the tracker says
+    of it; storages of no bytes (ZeRO-3's released gather buffers) hold nothing and are left out."""
+    held = tracker.held_storages()
+    gaps = []
+    for found in reached.values():
+        if not found.nbytes:
+            continue
+        entry = held.get(found.key)
+        if entry is None:
+            gaps.append((found, "not on the ledger"))
+        elif entry.category in UNLABELLED:
+            gaps.append((found, f"counted as {entry.category}"))
+        elif entry.nbytes != found.nbytes:
+            gaps.append((found, f"counted as {entry.nbytes:,} bytes"))
+    return gaps
 
 
 def _children(path: str, obj: Any) -> Iterator[tuple[str, Any]]:

@@ -1,0 +1,52 @@
+"""A copy of the course to run the README's `make` commands in, and `make lab` started there.
+
+The copy shares the repository's virtual environment through a symbolic link. Its `pyproject.toml` is
+dated no later than that environment's install stamp, so `make` in the copy never reinstalls the
+package: an editable install made from the copy would point the shared environment at a folder the test
+then deletes.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LEFT_OUT = (".venv", ".git", "out", "gradebook.db", "__pycache__", ".pytest_cache", ".ruff_cache")
+LAB_URL = re.compile(r"(http://127\.0\.0\.1:\d+)/lab\S*\?token=(\w+)")
+
+
+def copy_course(destination: Path) -> Path:
+    """The course's files (not its venv, history or students' work) at `destination`, sharing the venv."""
+    shutil.copytree(ROOT, destination, ignore=shutil.ignore_patterns(*LEFT_OUT), copy_function=shutil.copy2)
+    (destination / ".venv").symlink_to(ROOT / ".venv")
+    stamp = (ROOT / ".venv" / ".installed").stat().st_mtime
+    os.utime(destination / "pyproject.toml", (stamp - 1, stamp - 1))
+    return destination
+
+
+@contextmanager
+def started_lab(folder: Path) -> Iterator[tuple[str, str]]:
+    """(base URL, token) of `make lab` run in `folder`, read from what it prints; stopped afterwards."""
+    server = subprocess.Popen(
+        ["make", "lab"], cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+    try:
+        deadline, found = time.monotonic() + 120, None
+        while found is None and time.monotonic() < deadline:
+            line = server.stdout.readline()
+            if not line and server.poll() is not None:
+                break
+            found = LAB_URL.search(line)
+        assert found, "make lab printed no URL"
+        yield found.group(1), found.group(2)
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=30)
