@@ -9,15 +9,21 @@ anywhere below it, found by file name (nbgrader's `submitted/<student>/<assignme
 layout works as is). Every notebook is graded in its own child process with a time and a memory limit,
 so a notebook that loops, crashes or exits costs its own points and never stops the batch. Writes
 `--out` (CSV: one row per student, points per assignment, total) atomically after every student, and
-`--feedback DIR/<student>.txt` (every check's message). A rerun skips students already in the CSV,
-unless `--force`.
+`--feedback DIR/<student>.txt` (every check's message), each atomically. A rerun skips students already
+in the CSV, unless `--force`, but only rows this grader wrote: every row carries an HMAC-SHA256 signature
+with a key kept beside the CSV (`.<name>.key`, mode 0600, out of every submission's reach), and a row
+whose signature does not verify (edited, forged, from an older grader) is graded again.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import hashlib
+import hmac
+import json
 import os
+import secrets
 import sys
 import tempfile
 import time
@@ -114,6 +120,50 @@ def read_rows(path: Path, fieldnames: list[str]) -> list[dict]:
         return list(reader)
 
 
+SIGNATURE = "signature"
+
+
+def key_path(out: Path) -> Path:
+    return out.parent / f".{out.name}.key"
+
+
+def grading_key(out: Path) -> bytes:
+    """The key that signs the rows of `out`, made (mode 0600) on the first run."""
+    path = key_path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return path.read_bytes()
+    key = secrets.token_bytes(32)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(key)
+    return key
+
+
+def sign(key: bytes, row: dict, fieldnames: list[str]) -> str:
+    message = json.dumps([row.get(name, "") for name in fieldnames if name != SIGNATURE]).encode()
+    return hmac.new(key, message, hashlib.sha256).hexdigest()
+
+
+def signed_rows(rows: list[dict], key: bytes, fieldnames: list[str]) -> tuple[list[dict], int]:
+    """The rows whose signature this grader made, and how many others there were."""
+    kept = [row for row in rows if hmac.compare_digest(row.get(SIGNATURE) or "", sign(key, row, fieldnames))]
+    return kept, len(rows) - len(kept)
+
+
+def write_text_atomically(path: Path, text: str) -> None:
+    """Write `text` to a temporary file beside `path`, then rename it over `path`."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 def feedback_text(student: str, graded: dict[str, list[CheckResult]]) -> str:
     lines = [f"Feedback for {student}", ""]
     for assignment, results in graded.items():
@@ -156,8 +206,13 @@ def run_grade_command(args: argparse.Namespace) -> int:
     if unknown:
         raise UsageError(f"unknown assignment(s) {unknown}; the course has {', '.join(EXERCISES)}")
     out, feedback_dir = Path(args.out), Path(args.feedback)
-    fieldnames = ["student", *assignments, "total", "max_total", "seconds"]
-    rows = [] if args.force else read_rows(out, fieldnames)
+    fieldnames = ["student", *assignments, "total", "max_total", "seconds", SIGNATURE]
+    key = grading_key(out)
+    rows, forged = signed_rows([] if args.force else read_rows(out, fieldnames), key, fieldnames)
+    if forged:
+        print(f"{forged} row(s) of {out} were not written by this grader (no valid signature): dropped, and graded "
+              "again if their student has a folder")
+        write_csv_atomically(out, fieldnames, rows)
     done = {row["student"] for row in rows}
     students = sorted(p for p in submissions.iterdir() if p.is_dir() and not p.name.startswith("."))
     pending = [s for s in students if s.name not in done]
@@ -165,13 +220,14 @@ def run_grade_command(args: argparse.Namespace) -> int:
     feedback_dir.mkdir(parents=True, exist_ok=True)
     for student_dir in tqdm(pending, desc="grading", unit="student", disable=args.no_progress):
         started = time.perf_counter()
-        graded = grade_student(student_dir, assignments, limits, protected=(out, feedback_dir))
+        graded = grade_student(student_dir, assignments, limits, protected=(out, key_path(out), feedback_dir))
         row = {"student": student_dir.name, "seconds": f"{time.perf_counter() - started:.1f}"}
         for assignment, results in graded.items():
             row[assignment] = format_points(total(results)[0])
         points, max_points = total([r for results in graded.values() for r in results])
         row.update(total=format_points(points), max_total=format_points(max_points))
-        (feedback_dir / f"{student_dir.name}.txt").write_text(feedback_text(student_dir.name, graded))
+        row[SIGNATURE] = sign(key, row, fieldnames)
+        write_text_atomically(feedback_dir / f"{student_dir.name}.txt", feedback_text(student_dir.name, graded))
         rows = [r for r in rows if r["student"] != student_dir.name] + [row]
         write_csv_atomically(out, fieldnames, sorted(rows, key=lambda r: r["student"]))
     print(

@@ -16,13 +16,15 @@ import torch
 
 from autograder.checks import Check, CheckFailed, ObservationInvalid, graded
 from autograder.harness import COLLECTIVE_TIMEOUT_S, RUN_DEADLINE_S, run_once
-from autograder.integrity import REFERENCE_MODULES, require_own_code
+from autograder.integrity import REFERENCE_MODULES, answer_modules, require_own_code
 from autograder.records import decode_floats, encode_floats
 from zero_core import comm, dist
 from zero_core.cluster import VirtualCluster
 from zero_core.context import current
 
 ASSIGNMENT = "ex01_collectives"
+ANSWER_MODULES = answer_modules()
+"""Not loaded, and not loadable, where the student's code is graded (`autograder.sandbox`)."""
 FORBIDDEN = REFERENCE_MODULES + ("zero_core.comm",)
 CASES = (
     ((8,), torch.float32),
@@ -210,9 +212,7 @@ def judge_all_reduce_values_and_collectives(observation: object, world_sizes: li
 
 
 check_all_reduce = graded("check_all_reduce", observe_all_reduce, judge_all_reduce)
-check_all_reduce_collectives = graded(
-    "check_all_reduce_collectives", observe_all_reduce, judge_all_reduce_collectives
-)
+check_all_reduce_collectives = graded("check_all_reduce_collectives", observe_all_reduce, judge_all_reduce_collectives)
 check_all_reduce_values_and_collectives = graded(
     "check_all_reduce_values_and_collectives", observe_all_reduce, judge_all_reduce_values_and_collectives
 )

@@ -18,12 +18,15 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from autograder.checks import CheckFailed
 from autograder.harness import Recording
+from autograder.integrity import answer_modules
 from autograder.records import Run
 from autograder.stage_checks import StageExercise
 from zero_core import cluster, dist
-from zero_core.stages import Zero1
+from zero_core.stages.base import ReplicatedStage
 
 ASSIGNMENT = "ex02_zero1_sharded_adam"
+ANSWER_MODULES = answer_modules()
+"""Not loaded, and not loadable, where the student's code is graded (`autograder.sandbox`)."""
 _COLLECTIVE_FILES = (dist.__file__, cluster.__file__)
 _LIBRARY_DIRS = tuple(str(Path(module.__file__).parent) for module in (torch, dist, sys.modules[__name__]))
 
@@ -57,10 +60,14 @@ class LargestFloat32(TorchDispatchMode):
         return out
 
 
-class StudentZero1(Recording, Zero1):
-    """The reference ZeRO-1 training loop, whose gradient sync and optimizer step are the student's."""
+class StudentZero1(Recording, ReplicatedStage):
+    """The reference ZeRO-1 training loop, whose gradient sync and optimizer step are the student's.
+
+    It derives from the stage scaffolding, not from `Zero1`, whose two collectives are this exercise's
+    answer: `zero_core.stages.zero1` is never loaded where the student's code runs."""
 
     exercise = ASSIGNMENT
+    stage = 1
     step_function: Callable[..., None]
 
     def sync_gradients(self) -> None:
@@ -99,7 +106,7 @@ def _build(step_function: Callable[..., None]) -> tuple[type, None]:
 EXERCISE = StageExercise(
     exercise=ASSIGNMENT,
     names=("zero1_step",),
-    reference=Zero1,
+    reference="zero_core.stages.zero1:Zero1",
     build=_build,
     memory_rules=fp32_memory_rules,
     memory_summary="fp32 values only for the owned slice of each layer",

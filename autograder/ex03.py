@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch.nn as nn
 
 from autograder.harness import graded_stage
+from autograder.integrity import answer_modules
 from autograder.records import Run
 from autograder.stage_checks import StageExercise
 from autograder.verdicts import (
@@ -21,9 +22,11 @@ from autograder.verdicts import (
     compare_registrations,
 )
 from zero_core import memory
-from zero_core.stages import Zero2
+from zero_core.stages.zero2 import Zero2
 
 ASSIGNMENT = "ex03_zero2_reduce_scatter_backward"
+ANSWER_MODULES = answer_modules(("zero_core.stages.zero1", "zero_core.stages.zero2"))
+"""Not loaded, and not loadable, where the student's code is graded (`autograder.sandbox`)."""
 
 
 def gradient_memory_rules(run: Run, reference: Run, label: str) -> None:
@@ -42,7 +45,7 @@ def _build(linear: type) -> tuple[type, dict]:
 EXERCISE = StageExercise(
     exercise=ASSIGNMENT,
     names=("ReduceScatterLinear",),
-    reference=Zero2,
+    reference="zero_core.stages.zero2:Zero2",
     build=_build,
     memory_rules=gradient_memory_rules,
     memory_summary="no full gradient kept (no .grad, grad.fp16 = the shards), one registered bucket per layer "

@@ -13,13 +13,16 @@ import torch.nn as nn
 
 from autograder.ex03 import gradient_memory_rules
 from autograder.harness import graded_stage
+from autograder.integrity import answer_modules
 from autograder.records import Run
 from autograder.stage_checks import StageExercise
 from autograder.verdicts import check_released, compare_peaks, compare_registrations
 from zero_core import memory
-from zero_core.stages import Zero3
+from zero_core.stages.zero3 import Zero3
 
 ASSIGNMENT = "ex04_zero3_gather_linear"
+ANSWER_MODULES = answer_modules(("zero_core.stages.zero1", "zero_core.stages.zero2", "zero_core.stages.zero3"))
+"""Not loaded, and not loadable, where the student's code is graded (`autograder.sandbox`)."""
 
 GATHER_REGISTER_ADVICE = (
     "Gather each layer's parameters twice per step, in forward and again in backward, and register each "
@@ -47,7 +50,7 @@ def _build(linear: type, embedding: type) -> tuple[type, dict]:
 EXERCISE = StageExercise(
     exercise=ASSIGNMENT,
     names=("GatherLinear", "GatherEmbedding"),
-    reference=Zero3,
+    reference="zero_core.stages.zero3:Zero3",
     build=_build,
     memory_rules=parameter_memory_rules,
     memory_summary="every gathered buffer registered and released after its layer (none alive after forward "

@@ -7,14 +7,17 @@ numeric questions. Everything is checked against `zero_core.formulas`, which the
 
 from __future__ import annotations
 
+import importlib
 import math
 from collections.abc import Callable
+from typing import Any
 
 from autograder.checks import Check, CheckFailed, ObservationInvalid, graded
-from autograder.integrity import REFERENCE_MODULES, require_own_code
-from zero_core import formulas
+from autograder.integrity import REFERENCE_MODULES, answer_modules, require_own_code
 
 ASSIGNMENT = "ex05_memory_planning"
+ANSWER_MODULES = answer_modules()
+"""Not loaded, and not loadable, where the student's code is graded (`autograder.sandbox`)."""
 FORBIDDEN = REFERENCE_MODULES + ("zero_core.formulas", "zero_core.deepspeed_estimators")
 FUNCTIONS = ("model_state_bytes", "largest_model", "fewest_gpus", "comm_elements_per_step")
 ANSWERS = ("q1_gb_per_gpu", "q2_stage", "q2_gpus", "q3_gpus", "q4_gb_sent")
@@ -89,9 +92,15 @@ def _calls(group: str, psis: list[float], world_sizes: list[int]) -> list[tuple[
     ]
 
 
+def _formulas() -> Any:
+    """`zero_core.formulas`, this exercise's answer: imported by the judge only, never loaded (and not
+    loadable) where the student's code runs."""
+    return importlib.import_module("zero_core.formulas")
+
+
 def _expected(name: str, kwargs: dict) -> tuple[float | None, str]:
     """What a call should return, and why (in the process that decides, from `zero_core.formulas`)."""
-    stage = kwargs["stage"]
+    stage, formulas = kwargs["stage"], _formulas()
     if name == "model_state_bytes":
         why = f"{MEMORY_FORMULAS[stage]} bytes (ZeRO §5, Figure 1; K = 12, 2-byte parameters and gradients)"
         return formulas.model_state_bytes(stage, kwargs["psi"], kwargs["n_gpus"]), why
@@ -167,6 +176,7 @@ check_all_formulas = _formula_check(
 
 def expected_answers() -> dict[str, float]:
     """The five questions' answers, from the reference formulas."""
+    formulas = _formulas()
     stage_for_40b = next(s for s in formulas.STAGES if formulas.plan(40e9, 32 * GB, tuple(POWERS_OF_TWO))[s])
     return {
         "q1_gb_per_gpu": formulas.model_state_bytes(2, 7.5e9, 64) / GB,

@@ -39,7 +39,7 @@ from zero_core.model import build_model, parameter_layers, preset
 from zero_core.optim import AdamShard
 from zero_core.partition import FlatPartition
 from zero_core.stages import TrainConfig, ZeroStage
-from zero_core.stages.zero2 import FunctionLayer
+from zero_core.stages.sharding import FunctionLayer
 
 CONFIG = TrainConfig(model=preset("micro"))
 STEPS = 2

@@ -27,6 +27,28 @@ from autograder.checks import CheckFailed
 REFERENCE_MODULES = ("zero_core.stages", "zero_core.experiment", "zero_core.cli", "autograder")
 """Off limits in every exercise: the reference stages, what runs them, and the grader itself."""
 
+REFERENCE_CODE = (
+    "zero_core.stages.zero0",
+    "zero_core.stages.zero1",
+    "zero_core.stages.zero2",
+    "zero_core.stages.zero2_linear",
+    "zero_core.stages.zero3",
+    "zero_core.stages.zero3_gather",
+    "zero_core.formulas",
+    "zero_core.deepspeed_estimators",
+    "zero_core.experiment",
+    "zero_core.oracle",
+    "zero_core.cli",
+)
+"""The modules of the course that hold an exercise's answer or run the reference stages."""
+
+
+def answer_modules(scaffolding: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """What a grading child may neither have loaded nor load: the reference code, except the `scaffolding`
+    the exercise's checks plug the student's code into (ZeRO-2 for ex03, ZeRO-3 for ex04)."""
+    return tuple(module for module in REFERENCE_CODE if module not in scaffolding)
+
+
 SHARD_REFERENCE_METHODS = ("reduce_scatter_gradients", "gather_parameters", "release_parameters")
 
 

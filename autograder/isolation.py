@@ -13,6 +13,7 @@ the grader's permissions; `autograder.child_guard`'s audit hooks are then the on
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 import subprocess
 from functools import cache
@@ -45,6 +46,23 @@ def _wrapper(root: Path, hidden: list[Path], user_namespace: bool) -> list[str]:
     unshare = shutil.which("unshare") or "unshare"
     user = ["--user", "--map-root-user"] if user_namespace else []
     return [unshare, *user, *_NAMESPACES, "sh", "-c", _SETUP, "sh", str(root), *map(str, hidden), "--"]
+
+
+def module_files(names: tuple[str, ...]) -> tuple[Path, ...]:
+    """Where the modules `names` are read from, without importing them: each module's source, and the
+    compiled copies in its `__pycache__` (any Python version's); a package's whole folder."""
+    files: list[Path] = []
+    for name in names:
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.origin is None:
+            continue
+        origin = Path(spec.origin).resolve()
+        if spec.submodule_search_locations:
+            files.append(origin.parent)
+            continue
+        files.append(origin)
+        files += sorted((origin.parent / "__pycache__").glob(f"{origin.stem}.*.pyc"))
+    return tuple(files)
 
 
 @cache

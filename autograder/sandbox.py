@@ -45,7 +45,7 @@ from autograder.checks import (
     through_json,
 )
 from autograder.integrity import verdict
-from autograder.isolation import namespaced
+from autograder.isolation import module_files, namespaced
 from autograder.submission import Submission, assignment_of, exercise_module, load, reference_uses, unreadable
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -106,7 +106,9 @@ def grade_notebook(
     for the notebook. The child may neither read nor write the `protected` paths (grades, feedback)."""
     path = Path(path).resolve()
     assignment = assignment or assignment_of(path)
-    checks: tuple[Check, ...] = exercise_module(assignment).CHECKS
+    exercise = exercise_module(assignment)
+    checks: tuple[Check, ...] = exercise.CHECKS
+    protected = tuple(protected) + module_files(exercise.ANSWER_MODULES)
     not_a_notebook = unreadable(path)
     if not_a_notebook:
         return [CheckResult(check.name, 0, check.points, f"not graded: {not_a_notebook}") for check in checks]
@@ -231,7 +233,11 @@ def child_main(argv: list[str]) -> int:
     _limit_resources(int(memory_bytes))
     seconds = float(check_time_s)
     signal.signal(signal.SIGALRM, functools.partial(_on_alarm, seconds))
-    checks: tuple[Check, ...] = exercise_module(assignment).CHECKS
+    exercise = exercise_module(assignment)
+    checks: tuple[Check, ...] = exercise.CHECKS
+    loaded = sorted(set(exercise.ANSWER_MODULES) & set(sys.modules))
+    if loaded:
+        raise RuntimeError(f"grader bug: the grading child loaded the reference answers {loaded}")
     with open(results_file, "a") as out:
 
         def report(name: str, observed: Observed) -> None:

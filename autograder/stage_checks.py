@@ -18,7 +18,7 @@ from autograder.harness import STEPS, graded_stage, layer_partitions, run_once, 
 from autograder.integrity import REFERENCE_MODULES, require_own_code
 from autograder.records import Run, run_from_data, run_to_data
 from autograder.verdicts import check_nothing_left_behind, compare_collectives, compare_training
-from zero_core.stages import ZeroStage
+from zero_core.stages.base import ZeroStage, named_object
 
 VISIBLE_WORLD_SIZES = [2, 4]
 HIDDEN_WORLD_SIZES = [3, 5, 7]
@@ -36,7 +36,9 @@ class StageExercise:
 
     exercise: str
     names: tuple[str, ...]
-    reference: type[ZeroStage]
+    reference: str
+    """The reference stage, "module:Class": imported only by the judge (`reference_stage`), never where
+    the student's code runs."""
     build: Callable[..., tuple[type[ZeroStage], dict | None]]
     """build(*student objects) -> (stage class, functions) for the student's run."""
     memory_rules: Callable[[Run, Run, str], None]
@@ -66,7 +68,7 @@ class StageExercise:
         runs = observation.get("runs") if isinstance(observation, dict) else None
         if not isinstance(runs, dict) or set(runs) != {str(n) for n in world_sizes}:
             raise ObservationInvalid("the grading process returned malformed data (not one run per N): no points")
-        reference_stage = graded_stage(self.reference, self.exercise)
+        reference_stage = graded_stage(self.reference_stage, self.exercise)
         for n in world_sizes:
             entry = runs[str(n)]
             if isinstance(entry, dict) and isinstance(entry.get("failure"), str):
@@ -78,6 +80,11 @@ class StageExercise:
             reference = run_once((self.exercise, "reference", n), (), make, f"reference on {n} ranks")
             yield f"{n} ranks", run, reference
 
+    @property
+    def reference_stage(self) -> type[ZeroStage]:
+        stage: type[ZeroStage] = named_object(self.reference)
+        return stage
+
     def sizes(self, world_sizes: list[int]) -> str:
         return ", ".join(map(str, world_sizes))
 
@@ -86,7 +93,7 @@ class StageExercise:
             compare_training(run, reference, label)
         return (
             f"{self.sizes(world_sizes)} ranks, {STEPS} steps: every loss and every fp32 master weight is "
-            f"bit-identical to the reference ZeRO-{self.reference.stage}'s"
+            f"bit-identical to the reference ZeRO-{self.reference_stage.stage}'s"
         )
 
     def judge_memory(self, observation: Any, world_sizes: list[int]) -> str:
@@ -113,9 +120,7 @@ class StageExercise:
             Check("test_memory", 2, self.check_memory, self.names, visible),
             Check("test_communication", 2, self.check_communication, self.names, visible),
             Check("test_hidden_training", 2, self.check_training, self.names, hidden, hidden=True),
-            Check(
-                "test_hidden_memory_communication", 2, self.check_memory_and_communication, self.names, hidden, True
-            ),
+            Check("test_hidden_memory_communication", 2, self.check_memory_and_communication, self.names, hidden, True),
         )
 
     @property

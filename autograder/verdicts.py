@@ -14,8 +14,8 @@ import torch
 from autograder.checks import CheckFailed
 from autograder.harness import layer_shapes
 from autograder.records import Collective, Run
-from zero_core.experiment import OVERFLOW_TAG
 from zero_core.memory import UNTRACKED, Leftover
+from zero_core.stages.base import OVERFLOW_TAG
 
 MAX_LISTED = 4
 

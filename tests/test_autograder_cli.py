@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from autograder.cli import write_csv_atomically
+from autograder.cli import key_path, write_csv_atomically
 
 ROOT = Path(__file__).resolve().parents[1]
 EX05 = "ex05_memory_planning"
@@ -131,6 +131,24 @@ def test_a_rerun_resumes_and_force_regrades(fake_class: Path, tmp_path: Path) ->
     assert read_grades(out)["dave"][EX05] == "0"
     done = run_autograder(*args, "--force")
     assert "graded 3 student(s), skipped 0" in done.stdout
+
+
+def test_a_rerun_trusts_only_the_rows_it_signed(fake_class: Path, tmp_path: Path) -> None:
+    """Someone raises bob's points in the CSV and adds a row for eve: the rerun grades bob again and drops eve."""
+    out, feedback = tmp_path / "grades.csv", tmp_path / "feedback"
+    args = ("grade", str(fake_class), "--out", str(out), "--feedback", str(feedback), "--assignments", EX05,
+            "--no-progress")
+    assert run_autograder(*args).returncode == 0
+    assert oct(key_path(out).stat().st_mode & 0o777) == "0o600"
+    lines = out.read_text().splitlines()
+    bob = next(i for i, line in enumerate(lines) if line.startswith("bob,"))
+    signature = lines[bob].rsplit(",", 1)[1]
+    lines[bob] = lines[bob].replace("bob,2,2,", "bob,10,10,")
+    lines.append(f"eve,10,10,10,1.0,{signature}")
+    out.write_text("\n".join(lines) + "\n")
+    done = run_autograder(*args)
+    assert "2 row(s) of" in done.stdout and "graded 1 student(s), skipped 2" in done.stdout
+    assert {s: g["total"] for s, g in read_grades(out).items()} == {"alice": "10", "bob": "2", "carol": "0"}
 
 
 def test_a_missing_notebook_costs_its_points_with_a_message(tmp_path: Path) -> None:

@@ -1,12 +1,14 @@
-"""The instructor's round trip with nbgrader itself, on a fake class of four students in a temporary course:
+"""The instructor's round trip with nbgrader itself, on a fake class in a temporary course:
 generate_assignment, collect (copying into out/submitted/), autograde, generate_feedback.
 
-alice hands in the solutions, bob a partly wrong notebook (one fixture from tests/fixtures/wrong per
-assignment), carol the untouched release, and mallory a wrong notebook that also attacks a grader judging
-beside it (patches `torch.equal`, forges the results file). The gradebook must give alice full marks, bob
-and mallory exactly the points of the checks their mistakes do not cost, and carol nothing, the same
-points as the batch grader gives; alice's graded test cells must not have written a byte to stderr
-(nbgrader scores such a cell 0), and everyone gets HTML feedback.
+alice hands in the solutions, carol the untouched release, and the others one fixture each from
+tests/fixtures (`CLASS`): bob an honest mistake, mallory, oscar, peggy, trent and victor an attack on a
+grader judging beside their code (patched comparisons, a patched grader, forged results, the reference
+loaded by a built name, reading the solutions, a process left behind, a signal to the parent), ursula a
+correct notebook written unusually. The gradebook must give each of them, check by check, exactly what
+the fixture's header says (the points `check` and `grade` give, see tests/test_grading_integrity.py);
+alice's graded test cells must not have written a byte to stderr (nbgrader scores such a cell 0), and
+everyone gets HTML feedback.
 """
 
 from __future__ import annotations
@@ -28,26 +30,49 @@ from autograder.sandbox import grade_notebook
 from autograder.submission import exercise_module, is_solution_cell
 
 ROOT = Path(__file__).resolve().parents[1]
-FIXTURES = ROOT / "tests" / "fixtures" / "wrong"
-ASSIGNMENTS = {
-    "ex03_zero2_reduce_scatter_backward": "ex03_all_reduce_instead_of_reduce_scatter.py",
-    "ex05_memory_planning": "ex05_wrong_formula.py",
+FIXTURES = ROOT / "tests" / "fixtures"
+CLASS = {
+    "ex01_collectives": {"mallory": "wrong/ex01_patches_torch_equal.py"},
+    "ex03_zero2_reduce_scatter_backward": {
+        "bob": "wrong/ex03_all_reduce_instead_of_reduce_scatter.py",
+        "mallory": "wrong/ex03_patches_torch_equal.py",
+        "ursula": "correct/ex03_logs_gradient_norms_and_helpers.py",
+    },
+    "ex04_zero3_gather_linear": {
+        "mallory": "wrong/ex04_imports_the_reference_by_a_built_name.py",
+        "ursula": "correct/ex04_names_the_reference_in_strings_and_helpers.py",
+    },
+    "ex05_memory_planning": {
+        "bob": "wrong/ex05_wrong_formula.py",
+        "mallory": "wrong/ex05_forges_the_results_file.py",
+        "oscar": "wrong/ex05_patches_the_grader.py",
+        "peggy": "wrong/ex05_reads_the_solutions.py",
+        "trent": "wrong/ex05_leaves_a_process_behind.py",
+        "victor": "wrong/ex05_kills_its_parent.py",
+    },
 }
-ATTACKS = {
-    "ex03_zero2_reduce_scatter_backward": "ex03_patches_torch_equal.py",
-    "ex05_memory_planning": "ex05_forges_the_results_file.py",
-}
-STUDENTS = ("alice", "bob", "carol", "mallory")
+"""Who hands in which fixture, besides alice (the solution) and carol (the release untouched): one student
+per class of attack on the grader, and correct submissions written unusually (`ursula`)."""
+ASSIGNMENTS = tuple(CLASS)
+STUDENTS = ("alice", "bob", "carol", "mallory", "oscar", "peggy", "trent", "ursula", "victor")
 PER_ASSIGNMENT = [pytest.param(a, marks=getattr(pytest.mark, a[:4])) for a in ASSIGNMENTS]
 pytestmark = pytest.mark.filterwarnings("ignore::sqlalchemy.exc.SAWarning")  # nbgrader's own session noise
 
 
 def fixture_cell(name: str) -> tuple[str, str, set[str]]:
-    """(cell id, cell source, checks lost) of a wrong submission in tests/fixtures/wrong."""
+    """(cell id, cell source, checks lost) of a submission in tests/fixtures."""
     header, source = (FIXTURES / name).read_text().split("# --- cell ---\n", 1)
     meta: dict = {}
     exec(header, meta)
     return meta["CELL"], source, set(meta["LOSES"])
+
+
+def handed_in(assignment: str) -> dict[str, set[str]]:
+    """{student: the checks that student's notebook loses} for everyone who handed `assignment` in."""
+    every_check = {check.name for check in exercise_module(assignment).CHECKS}
+    lost = {"alice": set(), "carol": every_check}
+    lost.update({student: fixture_cell(name)[2] for student, name in CLASS[assignment].items()})
+    return lost
 
 
 def submission(release: Path, solution: Path, replace: dict[str, str]) -> nbformat.NotebookNode:
@@ -80,7 +105,7 @@ def course(tmp_path_factory: pytest.TempPathFactory) -> Path:
         with Gradebook(config.CourseDirectory.db_url) as gradebook:
             for student in STUDENTS:
                 gradebook.update_or_create_student(student)
-        for assignment, wrong in ASSIGNMENTS.items():
+        for assignment in ASSIGNMENTS:
             result = api.generate_assignment(assignment, force=True)
             assert result["success"], result["log"]
             release = course / "exercises" / assignment / f"{assignment}.ipynb"
@@ -90,19 +115,14 @@ def course(tmp_path_factory: pytest.TempPathFactory) -> Path:
                 for cell in nbformat.read(solution, as_version=4).cells
                 if is_solution_cell(cell)
             }
-            cell, source, _ = fixture_cell(wrong)
-            attack_cell, attack_source, _ = fixture_cell(ATTACKS[assignment])
-            handed_in = {
-                "alice": submission(release, solution, solutions),
-                "bob": submission(release, solution, {**solutions, cell: source}),
-                "carol": submission(release, solution, {}),
-                "mallory": submission(release, solution, {**solutions, attack_cell: attack_source}),
-            }
-            for student, notebook in handed_in.items():
+            notebooks = {"alice": submission(release, solution, solutions), "carol": submission(release, solution, {})}
+            for student, name in CLASS[assignment].items():
+                cell, source, _ = fixture_cell(name)
+                notebooks[student] = submission(release, solution, {**solutions, cell: source})
+            for student, notebook in notebooks.items():
                 path = course / "out" / "submitted" / student / assignment / f"{assignment}.ipynb"
                 path.parent.mkdir(parents=True)
                 nbformat.write(notebook, path)
-            for student in STUDENTS:
                 result = api.autograde(assignment, student)
                 assert result["success"], result["log"]
                 result = api.generate_feedback(assignment, student)
@@ -136,29 +156,27 @@ def expected_points(assignment: str, lost: set[str]) -> float:
 
 
 @pytest.mark.parametrize("assignment", PER_ASSIGNMENT)
-def test_autograde_gives_full_partial_and_zero_marks(course: Path, assignment: str) -> None:
-    _, _, bob_loses = fixture_cell(ASSIGNMENTS[assignment])
-    _, _, mallory_loses = fixture_cell(ATTACKS[assignment])
-    expected = {
-        "alice": 10.0,
-        "bob": expected_points(assignment, bob_loses),
-        "carol": 0.0,
-        "mallory": expected_points(assignment, mallory_loses),
-    }
+def test_autograde_gives_every_student_exactly_the_checks_their_notebook_earns(course: Path, assignment: str) -> None:
+    """Check by check in the gradebook: what each fixture's header says it loses (the same checks
+    tests/test_grading_integrity.py sees `check` and `grade` take), and the rest in full."""
+    notebook = assignment
     with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gradebook:
-        scores = {s: gradebook.find_submission(assignment, s).score for s in STUDENTS}
-        assert gradebook.find_submission(assignment, "alice").max_score == 10.0
-    assert scores == expected
-    assert 0 < expected["bob"] < 10 and expected["mallory"] < 10
+        for student, lost in handed_in(assignment).items():
+            grades = gradebook.find_submission_notebook(notebook, assignment, student).grades
+            got = {g.name: g.score for g in grades if g.max_score}
+            expected = {c.name: 0.0 if c.name in lost else float(c.points) for c in exercise_module(assignment).CHECKS}
+            assert got == expected, student
+            assert gradebook.find_submission(assignment, student).score == expected_points(assignment, lost)
 
 
 @pytest.mark.parametrize("assignment", PER_ASSIGNMENT)
 def test_the_gradebook_and_the_batch_grader_give_the_same_points(course: Path, assignment: str) -> None:
     with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gradebook:
-        scores = {s: gradebook.find_submission(assignment, s).score for s in STUDENTS}
-    for student in STUDENTS:
+        scores = {s: gradebook.find_submission(assignment, s).score for s in handed_in(assignment)}
+    for student in ("alice", "bob", "carol"):
         path = course / "out" / "submitted" / student / assignment / f"{assignment}.ipynb"
-        assert total(grade_notebook(path))[0] == scores[student], student
+        if path.exists():
+            assert total(grade_notebook(path))[0] == scores[student], student
 
 
 @pytest.mark.parametrize("assignment", PER_ASSIGNMENT)
@@ -172,6 +190,6 @@ def test_a_correct_solution_writes_nothing_to_stderr(course: Path, assignment: s
 
 @pytest.mark.parametrize("assignment", PER_ASSIGNMENT)
 def test_generate_feedback_writes_html_for_every_student(course: Path, assignment: str) -> None:
-    for student in STUDENTS:
+    for student in handed_in(assignment):
         html = course / "out" / "feedback" / student / assignment / f"{assignment}.html"
         assert html.exists() and "<html" in html.read_text()[:2000].lower()

@@ -23,8 +23,8 @@ from zero_core.comm import CommLedger
 from zero_core.context import current
 from zero_core.flops import FlopMeter
 from zero_core.stages import STAGES, TrainConfig
+from zero_core.stages.base import OVERFLOW_TAG
 
-OVERFLOW_TAG = "overflow flag"
 PHASES = ("forward", "backward", "grad_sync", "optimizer")
 
 

@@ -19,9 +19,11 @@ weight and bias are flattened together and split by a `FlatPartition`. `Replicat
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -85,6 +87,18 @@ class Layer:
         return self.partition.numel
 
 
+OVERFLOW_TAG = "overflow flag"
+"""The tag of the loss scaler's one-element all-reduce: a few bytes per step that are not model traffic."""
+
+
+def named_object(value: Any) -> Any:
+    """`value`, or for a string "package.module:Name" the object it names, imported now."""
+    if not isinstance(value, str):
+        return value
+    module, _, name = value.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
 class ZeroStage:
     """The training loop every stage runs; subclasses say where parameters, gradients and states live."""
 
@@ -92,8 +106,12 @@ class ZeroStage:
     partitions_optimizer_states = True
     pads_buffers = True
     """Whether the communicated buffers are padded to a multiple of N (reduce-scatter and all-gather need it)."""
-    FUNCTIONS: dict[type[nn.Module], type[torch.autograd.Function]] = {}
-    """The autograd Function each kind of parameter layer runs through (ZeRO-2/3; plain autograd otherwise)."""
+    FUNCTIONS: dict[type[nn.Module], type[torch.autograd.Function] | str] = {}
+    """The autograd Function each kind of parameter layer runs through (ZeRO-2/3; plain autograd otherwise).
+
+    A Function named by a string, "module:Name", is imported only when a stage really runs it: the
+    Functions the exercises ask for live in modules of their own, so the grader can train a stage with a
+    student's Function without the reference one ever being loaded (`named_object`)."""
 
     def __init__(
         self, config: TrainConfig, functions: dict[type[nn.Module], type[torch.autograd.Function]] | None = None
@@ -101,7 +119,7 @@ class ZeroStage:
         """`functions` replaces some of the stage's layer Functions (how exercises plug in students' code)."""
         ctx = current()
         self.config = config
-        self.functions = {**self.FUNCTIONS, **(functions or {})}
+        self.functions = {kind: named_object(f) for kind, f in {**self.FUNCTIONS, **(functions or {})}.items()}
         self.rank, self.world_size = ctx.rank, ctx.world_size
         self.tracker = ctx.tracker
         self.dtype = precision_dtype(config.precision)
@@ -124,9 +142,7 @@ class ZeroStage:
             )
             for name, module in parameter_layers(model)
         ]
-        initial = {
-            name: flatten([p.detach() for p in module.parameters()]) for name, module in parameter_layers(model)
-        }
+        initial = {name: flatten([p.detach() for p in module.parameters()]) for name, module in parameter_layers(model)}
         masters, offset = [], 0
         for layer in self.layers:
             start, end = self.master_range(layer)
@@ -181,7 +197,7 @@ class ZeroStage:
     def found_overflow(self, grad: torch.Tensor) -> bool:
         """Did any rank's gradient overflow? No rank sees every gradient, so the verdict is an all-reduce."""
         flag = torch.tensor([float(has_overflow(grad))])
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, tag="overflow flag")
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, tag=OVERFLOW_TAG)
         return bool(flag.item())
 
     def optimizer_step(self) -> bool:
@@ -292,6 +308,13 @@ class ReplicatedStage(ZeroStage):
                 param.grad = grad_view
                 setattr(module, name, param)
             self.params[layer.name], self.grads[layer.name] = flat_param, flat_grad
+
+    def owned_gradients(self) -> list[torch.Tensor]:
+        """This rank's slice of each layer's gradient (ZeRO-1; ZeRO-0 owns everything)."""
+        return [self.owned_slice(self.grads[layer.name], layer) for layer in self.layers]
+
+    def owned_parameters(self) -> list[torch.Tensor]:
+        return [self.owned_slice(self.params[layer.name], layer) for layer in self.layers]
 
     def zero_gradients(self) -> None:
         torch._foreach_zero_(list(self.grads.values()))

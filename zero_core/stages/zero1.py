@@ -14,8 +14,6 @@ So 2Ψ per step like data parallelism (3Ψ with the all-reduce variant), and les
 
 from __future__ import annotations
 
-import torch
-
 from zero_core import dist
 from zero_core.stages.base import ReplicatedStage
 
@@ -32,12 +30,6 @@ class Zero1(ReplicatedStage):
                 dist.reduce_scatter_single(
                     self.chunk(flat_grad, layer), flat_grad, op=dist.ReduceOp.AVG, tag=f"grad {layer.name}"
                 )
-
-    def owned_gradients(self) -> list[torch.Tensor]:
-        return [self.owned_slice(self.grads[layer.name], layer) for layer in self.layers]
-
-    def owned_parameters(self) -> list[torch.Tensor]:
-        return [self.owned_slice(self.params[layer.name], layer) for layer in self.layers]
 
     def publish_parameters(self) -> None:
         for layer in self.layers:

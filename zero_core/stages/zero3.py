@@ -6,6 +6,10 @@ forward computation and releases them right after, saves only its input for back
 gathered weights), and in backward gathers them again, computes the gradients, releases the
 parameters and reduce-scatters the gradients as ZeRO-2 does. Peak gathered memory is one layer.
 
+The Linear and Embedding Functions, `GatherLinear` and `GatherEmbedding`, are exercise ex04's answer:
+they live in `zero3_gather.py`, imported only when a stage runs them, so the grader can train ZeRO-3
+without them.
+
 On the wire: an all-gather in forward, one in backward, a reduce-scatter: 3Ψ per step, 1.5x data
 parallelism (ZeRO §7.2.2), in three times as many collectives as layers.
 """
@@ -14,62 +18,10 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from zero_core import memory
-from zero_core.stages.sharding import InFlightReduceScatter, LayerShard, swap_module
-from zero_core.stages.zero2 import FunctionLayer, Zero2
-
-
-class GatherLinear(torch.autograd.Function):
-    """y = x·Wᵀ + b with W and b gathered on demand, in forward and again in backward."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, param_shard: torch.Tensor, shard: LayerShard) -> torch.Tensor:
-        weight, bias = shard.gather_parameters()
-        y = F.linear(x, weight, bias)
-        shard.release_parameters()
-        ctx.save_for_backward(x)
-        ctx.shard = shard
-        return y
-
-    @staticmethod
-    def backward(ctx, grad_out: torch.Tensor):
-        (x,) = ctx.saved_tensors
-        weight, _ = ctx.shard.gather_parameters()
-        grad_x = grad_out @ weight if ctx.needs_input_grad[0] else None
-        ctx.shard.release_parameters()
-        grad_out_2d = grad_out.reshape(-1, grad_out.size(-1))
-        x_2d = x.reshape(-1, x.size(-1))
-        ctx.shard.reduce_scatter_gradients([grad_out_2d.T @ x_2d, grad_out_2d.sum(0)])
-        return grad_x, None, None
-
-
-class GatherEmbedding(torch.autograd.Function):
-    """y = W[ids] with W gathered on demand, in forward and again in backward.
-
-    An embedding's gradient does not read W, yet backward gathers it again: the paper's 3Ψ counts a
-    second gather of every parameter, as DeepSpeed's and FSDP's per-module backward hooks do. Skipping
-    it would save (N-1)/N·|W| elements per embedding per step: a question in the ZeRO-3 lesson.
-    """
-
-    @staticmethod
-    def forward(ctx, ids: torch.Tensor, param_shard: torch.Tensor, shard: LayerShard) -> torch.Tensor:
-        (weight,) = shard.gather_parameters()
-        y = F.embedding(ids, weight)
-        shard.release_parameters()
-        ctx.save_for_backward(ids)
-        ctx.shard = shard
-        return y
-
-    @staticmethod
-    def backward(ctx, grad_out: torch.Tensor):
-        (ids,) = ctx.saved_tensors
-        (weight,) = ctx.shard.gather_parameters()
-        grad_weight = torch.ops.aten.embedding_dense_backward(grad_out, ids, weight.size(0), -1, False)
-        ctx.shard.release_parameters()
-        ctx.shard.reduce_scatter_gradients([grad_weight])
-        return None, None, None
+from zero_core.stages.sharding import FunctionLayer, InFlightReduceScatter, LayerShard, swap_module
+from zero_core.stages.zero2 import Zero2
 
 
 class GatherLayerNorm(torch.autograd.Function):
@@ -98,7 +50,11 @@ class GatherLayerNorm(torch.autograd.Function):
 
 class Zero3(Zero2):
     stage = 3
-    FUNCTIONS = {nn.Linear: GatherLinear, nn.Embedding: GatherEmbedding, nn.LayerNorm: GatherLayerNorm}
+    FUNCTIONS = {
+        nn.Linear: "zero_core.stages.zero3_gather:GatherLinear",
+        nn.Embedding: "zero_core.stages.zero3_gather:GatherEmbedding",
+        nn.LayerNorm: GatherLayerNorm,
+    }
 
     def setup(self, model: nn.Module, initial: dict[str, torch.Tensor]) -> None:
         self.shards: dict[str, LayerShard] = {}
@@ -110,9 +66,7 @@ class Zero3(Zero2):
                 shard.param, memory.PARAM, padding_elements=layer.partition.padding_of(self.rank), label=layer.name
             )
             function = self.functions[layer.kind]
-            swap_module(
-                model, layer.name, FunctionLayer(function, [shard.param], shard, *layer.extra)
-            )
+            swap_module(model, layer.name, FunctionLayer(function, [shard.param], shard, *layer.extra))
             self.shards[layer.name] = shard
 
     def owned_parameters(self) -> list[torch.Tensor]:
