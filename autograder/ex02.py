@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+import torch.nn as nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from autograder.checks import CheckFailed
@@ -107,6 +108,9 @@ EXERCISE = StageExercise(
     exercise=ASSIGNMENT,
     names=("zero1_step",),
     reference="zero_core.stages.zero1:Zero1",
+    students_collectives=tuple(
+        (what, kind) for what in ("grad", "param") for kind in (nn.Linear, nn.Embedding, nn.LayerNorm)
+    ),
     build=_build,
     memory_rules=fp32_memory_rules,
     memory_summary="fp32 values only for the owned slice of each layer",

@@ -46,6 +46,7 @@ EXERCISE = StageExercise(
     exercise=ASSIGNMENT,
     names=("ReduceScatterLinear",),
     reference="zero_core.stages.zero2:Zero2",
+    students_collectives=(("grad", nn.Linear),),
     build=_build,
     memory_rules=gradient_memory_rules,
     memory_summary="no full gradient kept (no .grad, grad.fp16 = the shards), one registered bucket per layer "

@@ -51,6 +51,7 @@ EXERCISE = StageExercise(
     exercise=ASSIGNMENT,
     names=("GatherLinear", "GatherEmbedding"),
     reference="zero_core.stages.zero3:Zero3",
+    students_collectives=tuple((what, kind) for what in ("grad", "param") for kind in (nn.Linear, nn.Embedding)),
     build=_build,
     memory_rules=parameter_memory_rules,
     memory_summary="every gathered buffer registered and released after its layer (none alive after forward "

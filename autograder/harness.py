@@ -20,6 +20,7 @@ from functools import cache
 from typing import Any, TypeVar
 
 import torch
+import torch.nn as nn
 
 from autograder.checks import CheckFailed, describe_exception
 from autograder.integrity import ReferenceUsed, StudentShard
@@ -34,6 +35,7 @@ from zero_core.cluster import (
     VirtualCluster,
 )
 from zero_core.context import current
+from zero_core.dist import RECORD_ISSUERS
 from zero_core.memory import unaudited
 from zero_core.model import build_model, parameter_layers, preset
 from zero_core.optim import AdamShard
@@ -104,6 +106,7 @@ def graded_stage(stage_cls: type[ZeroStage], exercise: str) -> type[ZeroStage]:
 def _train_rank(stage_cls: type[ZeroStage], functions: dict | None, steps: int) -> RankRecord:
     """Train under the memory audit: every storage the rank allocates, the student's code included, is on
     its ledger whether or not the code registers it, and counts for as long as anything keeps it alive."""
+    current().extra[RECORD_ISSUERS] = True
     with current().tracker.audit():
         trainer = stage_cls(CONFIG, functions=functions)
         for step in range(steps):
@@ -118,6 +121,12 @@ def layer_partitions(world_size: int) -> dict[str, FlatPartition]:
         layer: FlatPartition(sum(shape.numel() for shape in shapes.values()), world_size)
         for layer, shapes in layer_shapes().items()
     }
+
+
+@cache
+def layer_kinds() -> dict[str, type[nn.Module]]:
+    """Per parameter layer of the graded model, its kind (nn.Linear, nn.Embedding, nn.LayerNorm)."""
+    return {layer: type(module) for layer, module in parameter_layers(build_model(CONFIG.model, CONFIG.seed))}
 
 
 @cache

@@ -74,6 +74,8 @@ class Collective:
     tag: str
     step: int
     bytes_sent: int
+    issuer: str
+    """"file:function" of the code that called it (`zero_core.dist.RECORD_ISSUERS`)."""
 
 
 @dataclass
@@ -98,7 +100,7 @@ class Run:
         partitions: dict[str, FlatPartition],
     ) -> Run:
         collectives = [
-            [Collective(e.op, e.dtype, e.elements, e.tag, e.step, e.bytes_sent) for e in ledger.entries(rank)]
+            [Collective(e.op, e.dtype, e.elements, e.tag, e.step, e.bytes_sent, e.issuer) for e in ledger.entries(rank)]
             for rank in range(world_size)
         ]
         return cls(world_size, steps, ranks, [RankMemory.of(t) for t in trackers], collectives, partitions)
@@ -158,7 +160,8 @@ def run_to_data(run: Run) -> dict[str, Any]:
             for rank_memory in run.memory
         ],
         "collectives": [
-            [[c.op, c.dtype, c.elements, c.tag, c.step, c.bytes_sent] for c in entries] for entries in run.collectives
+            [[c.op, c.dtype, c.elements, c.tag, c.step, c.bytes_sent, c.issuer] for c in entries]
+            for entries in run.collectives
         ],
     }
 
@@ -274,14 +277,15 @@ def _collectives(data: Any, rank: int, steps: int) -> list[Collective]:
     for entry in _list(data, f"rank {rank}'s collectives"):
         _require(
             isinstance(entry, list)
-            and len(entry) == 6
+            and len(entry) == 7
             and isinstance(entry[0], str)
             and isinstance(entry[1], str)
             and _is_int(entry[2])
             and isinstance(entry[3], str)
             and _is_int(entry[4])
             and 0 <= entry[4] < steps
-            and _is_int(entry[5]),
+            and _is_int(entry[5])
+            and isinstance(entry[6], str),
             f"rank {rank}'s collective",
         )
         entries.append(Collective(*entry))

@@ -14,11 +14,16 @@ from functools import cache
 from typing import Any
 
 from autograder.checks import Check, CheckFailed, ObservationInvalid, graded
-from autograder.harness import STEPS, graded_stage, layer_partitions, run_once, train
+from autograder.harness import STEPS, graded_stage, layer_kinds, layer_partitions, run_once, train
 from autograder.integrity import REFERENCE_MODULES, require_own_code
 from autograder.records import Run, run_from_data, run_to_data
-from autograder.verdicts import check_nothing_left_behind, compare_collectives, compare_training
-from zero_core.stages.base import ZeroStage, named_object
+from autograder.verdicts import (
+    check_nothing_left_behind,
+    check_own_collectives,
+    compare_collectives,
+    compare_training,
+)
+from zero_core.stages.base import OVERFLOW_TAG, ZeroStage, named_object
 
 VISIBLE_WORLD_SIZES = [2, 4]
 HIDDEN_WORLD_SIZES = [3, 5, 7]
@@ -41,6 +46,9 @@ class StageExercise:
     the student's code runs."""
     build: Callable[..., tuple[type[ZeroStage], dict | None]]
     """build(*student objects) -> (stage class, functions) for the student's run."""
+    students_collectives: tuple[tuple[str, type], ...]
+    """The collectives the student's code issues, as ("grad" or "param", kind of layer): ex03's Linear
+    layers' gradient reduce-scatters, say. The stage issues the others."""
     memory_rules: Callable[[Run, Run, str], None]
     memory_summary: str
     communication_summary: str
@@ -76,9 +84,18 @@ class StageExercise:
             if not isinstance(entry, dict) or set(entry) != {"run"}:
                 raise ObservationInvalid(f"the grading process returned malformed data (run on {n} ranks): no points")
             run = run_from_data(entry["run"], n, STEPS, layer_partitions(n))
+            check_own_collectives(run, self.reference_tags(), self.exercise)
             make = lambda n=n: train(reference_stage, n)  # noqa: E731
             reference = run_once((self.exercise, "reference", n), (), make, f"reference on {n} ranks")
             yield f"{n} ranks", run, reference
+
+    def reference_tags(self) -> set[str]:
+        """The tags of the collectives the course's code may issue in the student's run: every layer's
+        "grad <layer>" and "param <layer>" (`LayerShard`'s, the stage's) but those the student writes."""
+        every = {(what, layer, kind) for layer, kind in layer_kinds().items() for what in ("grad", "param")}
+        return {OVERFLOW_TAG} | {
+            f"{what} {layer}" for what, layer, kind in every if (what, kind) not in self.students_collectives
+        }
 
     @property
     def reference_stage(self) -> type[ZeroStage]:

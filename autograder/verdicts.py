@@ -7,17 +7,23 @@ master weights: any difference, however small, is a bug, and the first place it 
 
 from __future__ import annotations
 
+import os
 from collections import Counter
+from pathlib import Path
 
 import torch
 
+import autograder
+import zero_core
 from autograder.checks import CheckFailed
 from autograder.harness import layer_shapes
+from autograder.integrity import verdict
 from autograder.records import Collective, Run
 from zero_core.memory import UNTRACKED, Leftover
 from zero_core.stages.base import OVERFLOW_TAG
 
 MAX_LISTED = 4
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _first_loss_difference(run: Run, reference: Run) -> tuple[int, str] | None:
@@ -247,6 +253,25 @@ def _describe(keys: Counter, entries: list[Collective]) -> str:
         parts.append(f"{count}x {op} of {elements:,} {dtype} elements (tags: {', '.join(tags[:3])})")
     more = f"; and {len(parts) - MAX_LISTED} more sizes" if len(parts) > MAX_LISTED else ""
     return "; ".join(parts[:MAX_LISTED]) + more
+
+
+REFERENCE_CODE_DIRS = tuple(str(Path(module.__file__).parent) + os.sep for module in (zero_core, autograder))
+
+
+def check_own_collectives(run: Run, allowed_tags: set[str], exercise: str) -> None:
+    """Every collective the course's own code issued in the student's run carries one of `allowed_tags`:
+    those of the layers the student does not write (and the loss scaler's flag). A student layer's
+    collective issued there means the submission called the reference's (its shard's collectives,
+    however reached) instead of writing its own: 0 points for the exercise."""
+    found = [
+        f"rank {rank}, step {c.step}: the {c.op} tagged {c.tag!r} was issued by the course's "
+        f"{c.issuer.removeprefix(str(ROOT) + os.sep)}, not by your code"
+        for rank, entries in enumerate(run.collectives)
+        for c in entries
+        if c.issuer.startswith(REFERENCE_CODE_DIRS) and c.tag not in allowed_tags
+    ]
+    if found:
+        raise CheckFailed(verdict(found[:MAX_LISTED], exercise))
 
 
 def compare_collectives(run: Run, reference: Run, what: str) -> None:

@@ -87,3 +87,32 @@ def test_the_audit_hook_refuses_processes_signals_native_code_and_the_courses_fi
     lines = [line for line in result.stdout.splitlines() if line.endswith(("allowed", "refused"))]
     expected = "refused" if guarded else "allowed"
     assert len(lines) == 6 and all(line.endswith(expected) for line in lines), result.stdout + result.stderr
+
+
+@needs_namespaces
+def test_a_namespaced_child_reads_nothing_of_an_exercise_answer(tmp_path: Path) -> None:
+    """The answer modules' sources (and compiled copies) are empty files in the child's view, its
+    scaffolding is intact, and the grader's view is untouched."""
+    from autograder import ex04
+    from autograder.isolation import module_files
+
+    answers = module_files(ex04.ANSWER_MODULES)
+    gather = ROOT / "zero_core" / "stages" / "zero3_gather.py"
+    scaffolding = ROOT / "zero_core" / "stages" / "zero3.py"
+    assert gather in answers and scaffolding not in answers
+    script = f"wc -c < {gather}; wc -c < {scaffolding}"
+    sizes = run(namespaced(["sh", "-c", script], protected=answers)).stdout.split()
+    assert sizes[0] == "0" and int(sizes[1]) > 1000
+    assert gather.stat().st_size > 1000
+
+
+@pytest.mark.ex02
+def test_ex02_is_graded_in_a_child_that_never_loads_zero1(tmp_path: Path) -> None:
+    """The child refuses to start with an answer module loaded, so full marks prove it ran without."""
+    from autograder.checks import total
+    from autograder.sandbox import grade_notebook
+
+    assert "zero_core.stages.zero1" in __import__("autograder.ex02").ex02.ANSWER_MODULES
+    solution = ROOT / "solutions" / "ex02_zero1_sharded_adam" / "ex02_zero1_sharded_adam.ipynb"
+    results = grade_notebook(solution)
+    assert total(results) == (10, 10), [r.message for r in results if not r.passed]

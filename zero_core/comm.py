@@ -81,6 +81,8 @@ class CommEntry(NamedTuple):
     An `async_op` collective is two intervals: its start, and the wait for it in `Work.wait()`, which
     began at `wait_started_s` and took `waited_s` of the `seconds` (zero for a blocking collective).
     Between the two the rank ran its own code: the collective was in flight, but not holding it up.
+    `issuer` is "file:function" of the code that called the collective, when the rank asked for it
+    (`dist.RECORD_ISSUERS`; the grader does), else empty.
     """
 
     seq: int
@@ -97,6 +99,7 @@ class CommEntry(NamedTuple):
     started_s: float = 0.0
     wait_started_s: float = 0.0
     waited_s: float = 0.0
+    issuer: str = ""
 
     @property
     def elements_sent(self) -> float:
@@ -124,6 +127,7 @@ class RankLedger:
         seconds: float,
         src: int = 0,
         started_s: float = 0.0,
+        issuer: str = "",
     ) -> CommEntry:
         sent, received = ring_bytes(op, full_bytes, element_size, self.world_size, self.rank, src)
         entry = CommEntry(
@@ -139,6 +143,7 @@ class RankLedger:
             phase,
             seconds,
             started_s,
+            issuer=issuer,
         )
         self.entries.append(entry)
         return entry
