@@ -2,13 +2,13 @@
 generate_assignment, collect (copying into out/submitted/), autograde, generate_feedback.
 
 alice hands in the solutions, carol the untouched release, and the others one fixture each from
-tests/fixtures (`CLASS`): bob an honest mistake, mallory, oscar, peggy, trent and victor an attack on a
-grader judging beside their code (patched comparisons, a patched grader, forged results, the reference
-loaded by a built name, reading the solutions, a process left behind, a signal to the parent), ursula a
-correct notebook written unusually. The gradebook must give each of them, check by check, exactly what
-the fixture's header says (the points `check` and `grade` give, see tests/test_grading_integrity.py);
-alice's graded test cells must not have written a byte to stderr (nbgrader scores such a cell 0), and
-everyone gets HTML feedback.
+tests/fixtures (`CLASS`): bob an honest mistake; mallory, oscar, peggy, trent, victor and walter an attack
+on a grader judging beside their code (patched comparisons, a patched grader, forged results, the
+reference loaded by a built name or called past the shard, reading the solutions, a process left behind,
+a signal to the parent); ursula a correct notebook written unusually. The gradebook must give each of
+them, check by check, exactly what the fixture's header says (the points `check` and `grade` give, see
+tests/test_grading_integrity.py); alice's graded test cells must not have written a byte to stderr
+(nbgrader scores such a cell 0), and everyone gets HTML feedback.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ CLASS = {
     "ex03_zero2_reduce_scatter_backward": {
         "bob": "wrong/ex03_all_reduce_instead_of_reduce_scatter.py",
         "mallory": "wrong/ex03_patches_torch_equal.py",
+        "walter": "wrong/ex03_unwraps_the_shard_for_the_reference_collective.py",
         "ursula": "correct/ex03_logs_gradient_norms_and_helpers.py",
     },
     "ex04_zero3_gather_linear": {
@@ -54,7 +55,7 @@ CLASS = {
 """Who hands in which fixture, besides alice (the solution) and carol (the release untouched): one student
 per class of attack on the grader, and correct submissions written unusually (`ursula`)."""
 ASSIGNMENTS = tuple(CLASS)
-STUDENTS = ("alice", "bob", "carol", "mallory", "oscar", "peggy", "trent", "ursula", "victor")
+STUDENTS = ("alice", "bob", "carol", "mallory", "oscar", "peggy", "trent", "ursula", "victor", "walter")
 PER_ASSIGNMENT = [pytest.param(a, marks=getattr(pytest.mark, a[:4])) for a in ASSIGNMENTS]
 pytestmark = pytest.mark.filterwarnings("ignore::sqlalchemy.exc.SAWarning")  # nbgrader's own session noise
 
