@@ -15,12 +15,17 @@ ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
 # Bounds for one notebook in the batch grader: a correct one takes seconds, a looping one costs these.
 GRADE_LIMITS := --time-limit 120 --check-time-limit 30
 
-.PHONY: demo test lint lab release autograde feedback grade bench clean
+# The oldest torch the package accepts (pyproject.toml), and what must work on it: the real backend.
+OLDEST_TORCH := 2.6.0
+OLDEST_VENV := .venv-oldest-torch
+OLDEST_TORCH_TESTS := tests/test_torch_backend.py tests/test_launch.py tests/test_dist.py
 
-$(STAMP): pyproject.toml
+.PHONY: demo test test-oldest-torch lint lab release autograde feedback grade bench clean
+
+$(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11 or newer is needed (found " + sys.version.split()[0] + "); set PYTHON=python3.11")'
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check $(PIP_OPTIONS) -e .
+	$(PY) -m pip install --quiet --disable-pip-version-check $(PIP_OPTIONS) -c constraints.txt -e .
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -29,8 +34,25 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
+# In CI (CI=true) the same command also runs the real backend's tests on the oldest supported torch.
 test: lint
 	$(PY) -m pytest -q
+	$(if $(filter true,$(CI)),$(MAKE) --no-print-directory test-oldest-torch)
+
+# PyPI's torch 2.6 for Linux is the CUDA build: about 5 GB installed, once, in its own venv.
+$(OLDEST_VENV)/.installed: pyproject.toml constraints.txt
+	test -x $(OLDEST_VENV)/bin/python || $(PYTHON) -m venv $(OLDEST_VENV)
+	grep -v '^torch==' constraints.txt > $(OLDEST_VENV)/constraints.txt
+	$(OLDEST_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -c $(OLDEST_VENV)/constraints.txt \
+		torch==$(OLDEST_TORCH) numpy tqdm psutil pytest pytest-timeout
+	$(OLDEST_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
+	sync  # 5 GB just written: let the disk settle before the timed multi-process tests start
+	$(OLDEST_VENV)/bin/python -c 'import torch, torch.distributed.run, zero_core.launch'
+	touch $@
+
+test-oldest-torch: $(OLDEST_VENV)/.installed
+	$(OLDEST_VENV)/bin/python -c 'import torch; print("the real backend on the oldest supported torch,", torch.__version__)'
+	$(OLDEST_VENV)/bin/python -m pytest -q -p no:cacheprovider $(OLDEST_TORCH_TESTS)
 
 lab: $(STAMP)
 	$(VENV)/bin/jupyter lab --no-browser $(ALLOW_ROOT) --ServerApp.root_dir=$(CURDIR) \
@@ -60,4 +82,4 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_memory_audit.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(OLDEST_VENV) .pytest_cache .ruff_cache

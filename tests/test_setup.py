@@ -6,25 +6,45 @@ import re
 import tomllib
 from pathlib import Path
 
+from packaging.requirements import Requirement
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def pyproject_pins() -> list[str]:
-    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+def pyproject_requirements() -> list[Requirement]:
+    return [Requirement(r) for r in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]]
 
 
-def test_every_requirement_is_pinned_exactly() -> None:
-    assert all(re.fullmatch(r"[A-Za-z0-9_.\-]+==[0-9][0-9A-Za-z.]*", pin) for pin in pyproject_pins())
+def constraint_pins() -> list[str]:
+    lines = (ROOT / "constraints.txt").read_text().splitlines()
+    return [line for line in lines if line and not line.startswith("#")]
 
 
-def test_torch_is_pinned_to_the_cpu_build_on_disk() -> None:
-    assert "torch==2.13.0" in pyproject_pins()
+def test_every_constraint_is_an_exact_pin() -> None:
+    assert all(re.fullmatch(r"[A-Za-z0-9_.\-]+==[0-9][0-9A-Za-z.]*", pin) for pin in constraint_pins())
 
 
-def test_environment_yml_installs_the_same_pins_as_pyproject() -> None:
+def test_the_pins_are_what_the_package_accepts_one_per_requirement() -> None:
+    pins = {Requirement(pin).name: Requirement(pin) for pin in constraint_pins()}
+    requirements = {r.name: r for r in pyproject_requirements()}
+    assert sorted(pins) == sorted(requirements)
+    for name, requirement in requirements.items():
+        (pinned,) = pins[name].specifier
+        assert requirement.specifier.contains(pinned.version), f"{name}=={pinned.version} is outside {requirement}"
+
+
+def test_torch_is_a_range_from_the_oldest_tested_to_the_pinned_cpu_build() -> None:
+    (torch,) = [r for r in pyproject_requirements() if r.name == "torch"]
+    oldest = re.search(r"^OLDEST_TORCH := (\S+)$", (ROOT / "Makefile").read_text(), flags=re.M).group(1)
+    assert "torch==2.13.0" in constraint_pins()
+    assert torch.specifier.contains(oldest) and torch.specifier.contains("2.13.0")
+    assert not torch.specifier.contains("2.5.1") and not torch.specifier.contains("2.14.0")
+
+
+def test_environment_yml_installs_the_constraints() -> None:
     text = (ROOT / "environment.yml").read_text()
     conda_pins = re.findall(r"^\s*-\s+([A-Za-z0-9_.\-]+==\S+)\s*$", text, flags=re.M)
-    assert sorted(conda_pins) == sorted(pyproject_pins())
+    assert sorted(conda_pins) == sorted(constraint_pins())
 
 
 def test_ci_runs_the_readme_test_command() -> None:

@@ -286,17 +286,19 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     signal.signal(signal.SIGTERM, _stopped_by_torchrun)
     try:
-        return run(args, env, stages)
+        exit_code = run(args, env, stages)
     except UsageError as error:
         sys.stderr.write(f"{PROG}: rank {env.rank}: error: {error}\n")
-        return 2
+        exit_code = 2
     except CollectiveFailed as error:
         message = str(error) if str(error).startswith("rank ") else f"rank {env.rank}: {error}"
         sys.stderr.write(f"{PROG}: {message}\n")
+        # No teardown: the group has a peer that died or hangs, and destroying it can wait on that peer
+        # (torch 2.6's gloo does); `leave` ends the process at once.
         return 1
-    finally:
-        if torch_dist.is_initialized():
-            torch_dist.destroy_process_group()
+    if torch_dist.is_initialized():
+        torch_dist.destroy_process_group()
+    return exit_code
 
 
 def leave(exit_code: int) -> None:

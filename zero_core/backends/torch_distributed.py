@@ -2,8 +2,10 @@
 
 The same stage code that runs on the virtual cluster runs here unchanged: `zero_core.dist` checks each
 call and records it in the ledger exactly as on the virtual cluster (ring bytes of the logical dtype),
-and this backend moves the data with `torch.distributed` (torch 2.13 names: `all_gather_single`,
-`reduce_scatter_single`; the older names warn with a FutureWarning).
+and this backend moves the data with `torch.distributed`, under the names the installed torch has
+(`REDUCE_SCATTER`, `ALL_GATHER`): `reduce_scatter_single`/`all_gather_single` from torch 2.13, where
+the older `reduce_scatter_tensor`/`all_gather_into_tensor` warn with a FutureWarning, and those older
+names before it (torch 2.6 to 2.12 have only them).
 
 Three decisions keep the real backend's arithmetic the virtual cluster's, on any torch release:
 - `ReduceOp.AVG` is always a SUM followed by one division by N. Gloo in torch 2.7-2.8 silently summed
@@ -42,6 +44,13 @@ from zero_core.cluster import CollectiveCall
 from zero_core.comm import RankLedger
 from zero_core.context import RankContext
 from zero_core.memory import MemoryTracker
+
+REDUCE_SCATTER: Callable[..., Any] = (
+    getattr(torch_dist, "reduce_scatter_single", None) or torch_dist.reduce_scatter_tensor
+)
+"""The flat reduce-scatter of this torch: `reduce_scatter_single` (2.13+) or `reduce_scatter_tensor`."""
+ALL_GATHER: Callable[..., Any] = getattr(torch_dist, "all_gather_single", None) or torch_dist.all_gather_into_tensor
+"""The flat all-gather of this torch: `all_gather_single` (2.13+) or `all_gather_into_tensor`."""
 
 TORCH_OPS = {
     ReduceOp.SUM: torch_dist.ReduceOp.SUM,
@@ -96,17 +105,13 @@ class TorchBackend:
             dtype = self.wire_dtype(input.dtype, reduction=True)
             wire_in = input.reshape(-1).to(self.device, dtype)
             wire_out = output.reshape(-1).to(self.device, dtype)
-            work = self._start(
-                call, torch_dist.reduce_scatter_single, wire_out, wire_in, op=TORCH_OPS[op], group=self.group
-            )
+            work = self._start(call, REDUCE_SCATTER, wire_out, wire_in, op=TORCH_OPS[op], group=self.group)
         return self._finisher(call, work, output.view(-1), wire_out, op)
 
     def all_gather(self, output: torch.Tensor, input: torch.Tensor, call: CollectiveCall) -> Finish:
         with _interconnect():
             wire_out = output.reshape(-1).to(self.device)
-            work = self._start(
-                call, torch_dist.all_gather_single, wire_out, input.reshape(-1).to(self.device), group=self.group
-            )
+            work = self._start(call, ALL_GATHER, wire_out, input.reshape(-1).to(self.device), group=self.group)
         return self._finisher(call, work, output.view(-1), wire_out, None)
 
     def broadcast(self, tensor: torch.Tensor, src: int, call: CollectiveCall) -> Finish:
