@@ -38,14 +38,19 @@ class RankContext:
     step: int = 0
     phase: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    """Where the rank's tensors live: its GPU under NCCL, the CPU elsewhere (every virtual rank)."""
 
 
 _local = threading.local()
+_process: list[RankContext] = []
+"""The context of a process that is one rank (torchrun), for threads that did not activate it: autograd
+runs a GPU's backward on a thread of its own, and a ZeRO-2/3 backward calls collectives from there."""
 
 
 def current() -> RankContext:
     """The calling rank's context; a clear error outside a rank."""
-    ctx = getattr(_local, "ctx", None)
+    ctx = getattr(_local, "ctx", None) or (_process[-1] if _process else None)
     if ctx is None:
         raise RuntimeError(
             "not inside a rank: call this from a function run by VirtualCluster.run(fn) "
@@ -55,18 +60,24 @@ def current() -> RankContext:
 
 
 def maybe_current() -> RankContext | None:
-    return getattr(_local, "ctx", None)
+    return getattr(_local, "ctx", None) or (_process[-1] if _process else None)
 
 
 @contextmanager
-def activate(ctx: RankContext) -> Iterator[RankContext]:
-    """Make `ctx` the calling thread's rank context for the duration of the block."""
+def activate(ctx: RankContext, *, whole_process: bool = False) -> Iterator[RankContext]:
+    """Make `ctx` the calling thread's rank context for the duration of the block; with `whole_process`,
+    every thread's that has none of its own (a process that is one rank; never on the virtual cluster,
+    whose threads are many ranks)."""
     previous = getattr(_local, "ctx", None)
     _local.ctx = ctx
+    if whole_process:
+        _process.append(ctx)
     try:
         yield ctx
     finally:
         _local.ctx = previous
+        if whole_process:
+            _process.remove(ctx)
 
 
 @contextmanager

@@ -159,12 +159,17 @@ class TrackerSnapshot:
 
 def train_stage(
     stage: int, config: TrainConfig, steps: int, backend: TorchBackend | FaultyBackend, bar: tqdm | None
-) -> StageReport | None:
-    """Train `stage` on this rank; rank 0 gathers every rank's measurements and returns the report."""
+) -> tuple[StageReport, list[int | None]] | None:
+    """Train `stage` on this rank; rank 0 gathers every rank's measurements and returns the report, with
+    each rank's CUDA allocator peak (None off CUDA)."""
     ctx = process_context(backend, seed=config.seed)
-    with activate(ctx):
+    on_cuda = ctx.device.type == "cuda"
+    if on_cuda:
+        torch.cuda.reset_peak_memory_stats(ctx.device)
+    with activate(ctx, whole_process=True):
         result = train_on_rank(config, stage, steps, None, None if bar is None else lambda step: bar.update())
-    mine = (result, ctx.ledger, TrackerSnapshot.of(ctx.tracker))
+    cuda_peak = torch.cuda.max_memory_allocated(ctx.device) if on_cuda else None
+    mine = (result, ctx.ledger, TrackerSnapshot.of(ctx.tracker), cuda_peak)
     gathered = [None] * backend.world_size if backend.rank == 0 else None
     try:
         torch_dist.gather_object(mine, gathered, dst=0)
@@ -176,10 +181,31 @@ def train_stage(
     if backend.rank != 0:
         return None
     ledger = CommLedger(backend.world_size)
-    ledger.ranks = [ranks_ledger for _, ranks_ledger, _ in gathered]
-    results = [ranks_result for ranks_result, _, _ in gathered]
-    trackers = [t for _, _, t in gathered]
-    return build_report(stage, backend.world_size, steps, config, ledger, trackers, results, shared_clock=False)
+    ledger.ranks = [ranks_ledger for _, ranks_ledger, _, _ in gathered]
+    results = [ranks_result for ranks_result, _, _, _ in gathered]
+    trackers = [t for _, _, t, _ in gathered]
+    report = build_report(stage, backend.world_size, steps, config, ledger, trackers, results, shared_clock=False)
+    return report, [peak for _, _, _, peak in gathered]
+
+
+def against_cuda_allocator(reports: list[StageReport], cuda_peaks: list[list[int | None]]) -> str:
+    """The tracker's peak (every storage a rank allocated) beside what CUDA's caching allocator saw.
+
+    `torch.cuda.max_memory_allocated` also counts what the tracker leaves out on purpose: the CUDA
+    context's workspaces (cuBLAS), NCCL's buffers, and the model built on the host never reaches it."""
+    rows = []
+    for report, peaks in zip(reports, cuda_peaks, strict=True):
+        peak = max(p for p in peaks if p is not None)
+        rows.append(
+            [
+                f"ZeRO-{report.stage}",
+                f"{report.peak_bytes_max / 1e6:.3f} MB",
+                f"{peak / 1e6:.3f} MB",
+                f"{peak / report.peak_bytes_max:.2f}x" if report.peak_bytes_max else "-",
+            ]
+        )
+    headers = ["stage", "tracker peak (max over ranks)", "torch.cuda.max_memory_allocated", "allocator / tracker"]
+    return table(headers, rows, title="Peak memory per GPU, measured two ways")
 
 
 def save_runs(path: Path, backend: TorchBackend | FaultyBackend, reports: list[StageReport]) -> None:
@@ -223,12 +249,17 @@ def run(args: argparse.Namespace, env: TorchrunEnv, stages: list[int]) -> int:
     total = len(stages) * args.steps
     quiet = args.no_progress or not lead
     with tqdm(total=total, desc="training", unit="step", disable=quiet, file=sys.stderr, leave=False) as bar:
-        reports = [train_stage(stage, config, args.steps, backend, bar if lead else None) for stage in stages]
+        trained = [train_stage(stage, config, args.steps, backend, bar if lead else None) for stage in stages]
     if lead:
+        reports = [report for report, _ in trained]
+        cuda_peaks = [peaks for _, peaks in trained]
         reference = next((r for r in reports if r.stage == 0), reports[0])
         equivalences = [equivalence(reference, r) for r in reports]
         print()
         print(render(reports, equivalences, reference), flush=True)
+        if any(peak is not None for peaks in cuda_peaks for peak in peaks):
+            print()
+            print(against_cuda_allocator(reports, cuda_peaks), flush=True)
         if args.check_virtual:
             print()
             print(against_virtual(reports, config), flush=True)

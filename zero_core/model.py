@@ -84,7 +84,7 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.qkv(x).split(channels, dim=2)
         q, k, v = (t.view(batch, seq, self.n_head, channels // self.n_head).transpose(1, 2) for t in (q, k, v))
         scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
-        causal = torch.ones(seq, seq, dtype=torch.bool).tril()
+        causal = torch.ones(seq, seq, dtype=torch.bool, device=x.device).tril()
         weights = scores.masked_fill(~causal, float("-inf")).softmax(dim=-1)
         y = (weights @ v).transpose(1, 2).reshape(batch, seq, channels)
         return self.proj(y)
@@ -125,7 +125,7 @@ class GPT(nn.Module):
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         """Logits for every position of `idx` (batch, seq) of character ids."""
-        positions = torch.arange(idx.size(1))
+        positions = torch.arange(idx.size(1), device=idx.device)
         x = self.wte(idx) + self.wpe(positions)
         for block in self.blocks:
             if self.config.activation_checkpointing:

@@ -29,6 +29,7 @@ class ReachedStorage:
     key: int
     nbytes: int
     path: str
+    device: str = "cpu"
 
 
 def reachable_storages(*roots: tuple[str, Any], stop: tuple[type, ...] = ()) -> dict[int, ReachedStorage]:
@@ -45,7 +46,9 @@ def reachable_storages(*roots: tuple[str, Any], stop: tuple[type, ...] = ()) -> 
         seen.add(id(obj))
         if isinstance(obj, torch.Tensor):
             storage = obj.untyped_storage()
-            found.setdefault(storage._cdata, ReachedStorage(storage._cdata, storage.nbytes(), path))
+            found.setdefault(
+                storage._cdata, ReachedStorage(storage._cdata, storage.nbytes(), path, storage.device.type)
+            )
         stack.extend(reversed(list(_children(path, obj))))
     return found
 

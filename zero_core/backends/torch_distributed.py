@@ -16,8 +16,9 @@ Three decisions keep the real backend's arithmetic the virtual cluster's, on any
   reductions work too. The ledger still records the 2-byte bytes the algorithm moves: the course counts
   what ZeRO sends, not this CPU transport's detour. All-gathers and broadcasts move the tensor as is.
 - On NCCL, reductions travel in their own dtype (bandwidth is the point on GPUs, as in DeepSpeed and
-  FSDP), so agreement with the virtual cluster is within the dtype's rounding there. The stages compute
-  on the CPU; each collective's buffers are staged through the rank's GPU.
+  FSDP), so agreement with the virtual cluster is within the dtype's rounding there. The rank's context
+  names its GPU (`RankContext.device`) and the stages keep every buffer there, so a collective moves
+  the stage's own tensors: nothing is staged through the host.
 
 Gloo adds in its own order (ring segments, not rank order), so with N > 2 an fp32 sum can differ from
 the virtual cluster's in the last bit; with N = 2 a sum is one addition, and addition commutes.
@@ -212,4 +213,5 @@ def process_context(backend: TorchBackend, *, seed: int = 0, record_timeline: bo
         backend=backend,
         ledger=RankLedger(rank, world_size),
         tracker=MemoryTracker(rank, record_timeline=record_timeline),
+        device=backend.device,
     )

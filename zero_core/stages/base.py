@@ -121,6 +121,9 @@ class ZeroStage:
         self.config = config
         self.functions = {kind: named_object(f) for kind, f in {**self.FUNCTIONS, **(functions or {})}.items()}
         self.rank, self.world_size = ctx.rank, ctx.world_size
+        self.device = ctx.device
+        """Where every buffer of the stage lives (the rank's GPU under NCCL): the model is built on the CPU,
+        from the seed, and its values copied there."""
         self.tracker = ctx.tracker
         self.dtype = precision_dtype(config.precision)
         self.scaler = LossScaler.for_precision(config.precision, config.init_loss_scale)
@@ -149,7 +152,9 @@ class ZeroStage:
             masters.append(initial[layer.name][start:end])
             layer.master_slice = slice(offset, offset + end - start)
             offset += end - start
-        self.optimizer = AdamShard(flatten(masters), config.adam, self.tracker, "every layer's master range")
+        self.optimizer = AdamShard(
+            flatten(masters).to(self.device), config.adam, self.tracker, "every layer's master range"
+        )
         for layer in self.layers:
             layer.master = self.optimizer.view(layer.master_slice.start, layer.master_slice.stop)
         self.setup(model, initial)
@@ -196,7 +201,7 @@ class ZeroStage:
 
     def found_overflow(self, grad: torch.Tensor) -> bool:
         """Did any rank's gradient overflow? No rank sees every gradient, so the verdict is an all-reduce."""
-        flag = torch.tensor([float(has_overflow(grad))])
+        flag = torch.tensor([float(has_overflow(grad))], device=grad.device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, tag=OVERFLOW_TAG)
         return bool(flag.item())
 
@@ -240,7 +245,7 @@ class ZeroStage:
         """
         ctx = current()
         ctx.step = self.tracker.step = step
-        inputs, targets = micro_batch(self.config.model, self.rank, step, self.config.seed)
+        inputs, targets = (t.to(self.device) for t in micro_batch(self.config.model, self.rank, step, self.config.seed))
         with self.tracker.count_activations() if count_activations else nullcontext():
             with phase("forward"), measure("forward"):
                 loss = self.tracker.register(loss_fn(self.model(inputs), targets), memory.ACTIVATIONS, label="loss")
@@ -254,7 +259,9 @@ class ZeroStage:
 
     def master_shards(self) -> dict[str, tuple[int, torch.Tensor]]:
         """Per layer: (start offset, fp32 master values this rank keeps), for checking against others."""
-        return {layer.name: (self.master_range(layer)[0], layer.master.master.clone()) for layer in self.layers}
+        return {
+            layer.name: (self.master_range(layer)[0], layer.master.master.to("cpu", copy=True)) for layer in self.layers
+        }
 
     def master_gradients(self, grad: torch.Tensor) -> dict[str, torch.Tensor]:
         """`grad` (every layer's master range, concatenated) split back into one piece per layer."""
@@ -269,8 +276,8 @@ class ZeroStage:
         need; the tracker counts those zeros as padding, not as model state.
         """
         if not self.pads_buffers:
-            return self.tracker.register(values.to(self.dtype, copy=True), category, label=layer.name)
-        flat = layer.partition.pad(values.to(self.dtype))
+            return self.tracker.register(values.to(self.device, self.dtype, copy=True), category, label=layer.name)
+        flat = layer.partition.pad(values.to(self.device, self.dtype))
         return self.tracker.register(flat, category, padding_elements=layer.partition.padding, label=layer.name)
 
     def owned_slice(self, flat: torch.Tensor, layer: Layer) -> torch.Tensor:

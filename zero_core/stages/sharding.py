@@ -69,6 +69,7 @@ class LayerShard:
         tracker: memory.MemoryTracker,
         dtype: torch.dtype,
         in_flight: InFlightReduceScatter,
+        device: torch.device | str = "cpu",
     ) -> None:
         self.name = layer.name
         self.shapes = layer.shapes
@@ -79,13 +80,13 @@ class LayerShard:
         """The training precision: the exercises tell students' Functions to read it from the shard."""
         chunk = layer.partition.chunk_numel
         self.grad = tracker.register(
-            torch.zeros(chunk, dtype=dtype),
+            torch.zeros(chunk, dtype=dtype, device=device),
             memory.GRAD,
             padding_elements=layer.partition.padding_of(rank),
             label=layer.name,
         )
         self.param: torch.Tensor | None = None
-        self.gathered = torch.empty(layer.partition.padded_numel, dtype=dtype)
+        self.gathered = torch.empty(layer.partition.padded_numel, dtype=dtype, device=device)
         self.gathered_views = unflatten(self.gathered, layer.shapes)
         self.gathered_bytes = self.gathered.untyped_storage().nbytes()
         self.gathered.untyped_storage().resize_(0)  # no memory until ZeRO-3 gathers the parameters

@@ -80,7 +80,7 @@ class Zero2(Zero1):
         self.in_flight = InFlightReduceScatter(self.tracker, overlap=self.overlap_reduce_scatter)
         for layer in self.layers:
             flat_param = self.new_buffer(initial[layer.name], memory.PARAM, layer)
-            shard = LayerShard(layer, self.rank, self.tracker, self.dtype, self.in_flight)
+            shard = LayerShard(layer, self.rank, self.tracker, self.dtype, self.in_flight, self.device)
             params = [nn.Parameter(view) for view in unflatten(flat_param, layer.shapes)]
             function = self.functions[layer.kind]
             swap_module(model, layer.name, FunctionLayer(function, params, shard, *layer.extra))

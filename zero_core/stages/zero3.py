@@ -60,8 +60,10 @@ class Zero3(Zero2):
         self.shards: dict[str, LayerShard] = {}
         self.in_flight = InFlightReduceScatter(self.tracker, overlap=self.overlap_reduce_scatter)
         for layer in self.layers:
-            shard = LayerShard(layer, self.rank, self.tracker, self.dtype, self.in_flight)
-            shard.param = nn.Parameter(layer.partition.shard(initial[layer.name], self.rank).to(self.dtype))
+            shard = LayerShard(layer, self.rank, self.tracker, self.dtype, self.in_flight, self.device)
+            shard.param = nn.Parameter(
+                layer.partition.shard(initial[layer.name], self.rank).to(self.device, self.dtype)
+            )
             self.tracker.register(
                 shard.param, memory.PARAM, padding_elements=layer.partition.padding_of(self.rank), label=layer.name
             )

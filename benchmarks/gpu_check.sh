@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# What only a GPU machine can show, in one run (a few minutes): the CUDA path's tests, the real backend's
+# tests on the machine's own torch, an NCCL launch beside the virtual ranks, and the virtual cluster's step
+# time on the machine's cores. Run from the repository root with the machine's Python:
+#     bash benchmarks/gpu_check.sh [python]
+# The course's code runs from the checkout (PYTHONPATH=.); nothing is installed.
+set -uo pipefail
+PY=${1:-python3}
+export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+section() { printf '\n===== %s\n' "$*"; }
+
+section "machine"
+nproc
+nvidia-smi -L 2>/dev/null || echo "no nvidia-smi"
+"$PY" -c 'import sys, torch; print("python", sys.version.split()[0], "| torch", torch.__version__, "| cuda", torch.cuda.is_available())'
+
+section "the CUDA path (tests/test_cuda_path.py)"
+"$PY" -m pytest -q -p no:cacheprovider -s tests/test_cuda_path.py
+
+section "the real backend on this torch (backend, launch and dist tests)"
+"$PY" -m pytest -q -p no:cacheprovider tests/test_torch_backend.py tests/test_launch.py tests/test_dist.py
+
+section "NCCL launch, tiny preset, one GPU"
+"$PY" -m torch.distributed.run --standalone --nproc-per-node=1 -m zero_core.launch --backend nccl \
+    --preset tiny --stages 0,1,2,3 --steps 3 --no-progress --check-virtual
+
+section "step time of the virtual cluster on $(nproc) cores (N = 32, tiny)"
+"$PY" benchmarks/bench_step.py --world-size 32 --steps 5 --repeats 1
