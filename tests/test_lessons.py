@@ -23,6 +23,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from answer_text import answers_shown, notebook_text
 
 ROOT = Path(__file__).resolve().parent.parent
 LESSONS_DIR = ROOT / "lessons"
@@ -98,6 +99,25 @@ def test_lesson_runs_top_to_bottom_without_errors_or_stderr(
     print(f"{path.name}: {seconds:.1f} s")
     problems = stderr_outputs(nb)
     assert not problems, f"{path.name} must run warning-free:\n" + "\n".join(problems)
+    shown = answers_shown(notebook_text(nb))
+    assert not shown, f"{path.name} shows an exercise's answer (show behaviour, not the code):\n" + "\n".join(shown)
+
+
+def test_the_answer_check_sees_a_printed_reference_function_and_a_solution_cell() -> None:
+    """The check above can fail: a lesson that prints GatherLinear's source, or pastes ex02's solution."""
+    import inspect
+
+    from zero_core.stages.zero3_gather import GatherLinear
+
+    printed = {"cells": [{"cell_type": "code", "source": "print(inspect.getsource(GatherLinear))",
+                          "outputs": [{"output_type": "stream", "text": inspect.getsource(GatherLinear)}]}]}
+    found = [s.split(":")[0] for s in answers_shown(notebook_text(printed))]
+    assert "ex04's GatherLinear and GatherEmbedding" in found
+    ex02 = ROOT / "solutions" / "ex02_zero1_sharded_adam" / "ex02_zero1_sharded_adam.ipynb"
+    solution = json.loads(ex02.read_text())
+    body = next("".join(c["source"]) for c in solution["cells"] if "### BEGIN SOLUTION" in "".join(c["source"]))
+    assert answers_shown(body.replace("### BEGIN SOLUTION", "").replace("### END SOLUTION", ""))
+    assert answers_shown("print(inspect.getsource(GatherEmbedding))") == []
 
 
 def test_there_are_lessons_numbered_from_00_without_gaps() -> None:
