@@ -4,8 +4,8 @@ after the deadline).
 An answer is the code an exercise asks for: the solution regions of `solutions/` and the reference
 objects that hold the same code (ex02's collectives in `Zero1`, ex03's `ReduceScatterLinear` and the shard's
 reduce-scatter, ex04's `GatherLinear`/`GatherEmbedding` and the shard's gather). A text shows an answer when
-two consecutive significant lines of it (whitespace folded; comments, decorators, docstrings and short
-lines such as `return None` left out) follow each other in the text too.
+two consecutive significant lines of it (whitespace folded; comments, decorators, docstrings, signatures
+and short lines such as `return None` left out) follow each other in the text too.
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ from zero_core.stages import sharding, zero1, zero2_linear, zero3_gather
 
 ROOT = Path(__file__).resolve().parents[1]
 MIN_CHARS = 12
+SKIPPED_STARTS = ("#", '"""', "'''", "@", "def ", "class ")
+"""Comments, docstrings, decorators and signatures: what any code of the same shape shares."""
 REFERENCE_ANSWERS = {
     "ex02's collectives (Zero1.sync_gradients)": zero1.Zero1.sync_gradients,
     "ex02's collectives (Zero1.publish_parameters)": zero1.Zero1.publish_parameters,
@@ -38,7 +40,7 @@ def significant_lines(text: str) -> list[str]:
     lines = []
     for line in text.splitlines():
         folded = " ".join(line.split())
-        if len(folded) < MIN_CHARS or folded.startswith(("#", '"""', "'''", "@")) or folded.endswith('"""'):
+        if len(folded) < MIN_CHARS or folded.startswith(SKIPPED_STARTS) or folded.endswith('"""'):
             continue
         lines.append(folded)
     return lines

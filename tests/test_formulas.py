@@ -10,7 +10,9 @@ from zero_core.deepspeed_estimators import (
 )
 from zero_core.formulas import (
     MODEL_STATE_CATEGORIES,
+    activation_bytes_checkpointed_per_block,
     activation_bytes_estimate,
+    activation_bytes_per_layer,
     busbw_factor,
     comm_bytes,
     comm_elements,
@@ -351,3 +353,13 @@ def test_deepspeed_zero3_reproduces_its_printout_for_t5_small():
         )
         assert round(estimate.cpu_bytes / 2**30, 2) == cpu_gib
         assert round(estimate.gpu_bytes / 2**30, 2) == gpu_gib
+
+
+def test_the_fuller_activation_count_adds_attentions_quadratic_term() -> None:
+    """GPT-2 1.5B (h = 1600, a = 25) at b = 32, s = 1024: s·b·h = 52,428,800, and 34 + 5·25·1024/1600 = 114."""
+    per_layer = activation_bytes_per_layer(hidden=1600, heads=25, batch=32, seq=1024)
+    assert per_layer == 52_428_800 * 114
+    assert activation_bytes_per_layer(hidden=1600, heads=25, batch=32, seq=2048) > 2 * per_layer  # s² grows faster
+    checkpointed = activation_bytes_checkpointed_per_block(hidden=1600, heads=25, batch=32, seq=1024, layers=48)
+    assert checkpointed == 2 * 52_428_800 * 48 + per_layer
+    assert 48 * per_layer / activation_bytes_estimate(hidden=1600, batch=32, seq=1024, layers=48) == 114 / 24

@@ -147,6 +147,26 @@ def activation_bytes_estimate(
     return full_bytes / math.sqrt(layers) if checkpointing else float(full_bytes)
 
 
+def activation_bytes_per_layer(hidden: int, heads: int, batch: int, seq: int) -> float:
+    """One transformer layer's activations kept for backward, in bytes: s·b·h·(34 + 5·a·s/h).
+
+    Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models", §4.1, no
+    tensor or sequence parallelism): 16-bit activations and 1-byte dropout masks. 34·s·b·h are the
+    layer's inputs and intermediate results (attention's Q, K, V and output, the MLP's 4h-wide ones, the
+    LayerNorms'); 5·a·s²·b is attention's s × s matrix per head, kept three times over (the scores' softmax
+    in 2 bytes, its dropout mask in 1, the dropped-out result in 2). The paper's 12·h·b·s per layer (§3.2)
+    leaves that quadratic term out; kernels that never store the matrix (FlashAttention) leave 34·s·b·h.
+    """
+    return seq * batch * hidden * (34 + 5 * heads * seq / hidden)
+
+
+def activation_bytes_checkpointed_per_block(hidden: int, heads: int, batch: int, seq: int, layers: int) -> float:
+    """Activations with every transformer block checkpointed, as `GPTConfig.activation_checkpointing` does:
+    each block's 2-byte input (2·s·b·h per layer) stays from forward to backward, and one block's full
+    activations (`activation_bytes_per_layer`) come back while that block is recomputed."""
+    return 2 * seq * batch * hidden * layers + activation_bytes_per_layer(hidden, heads, batch, seq)
+
+
 def fits(stage: int, psi: float, n_gpus: int, gpu_memory_bytes: float, activation_bytes: float = 0) -> bool:
     """Whether model states plus `activation_bytes` fit one GPU (ZeRO §5; residual memory is §6's topic)."""
     return model_state_bytes(stage, psi, n_gpus) + activation_bytes <= gpu_memory_bytes

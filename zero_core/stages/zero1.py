@@ -5,8 +5,9 @@ variance only for its 1/N slice of each layer (12Ψ/N) and updates only that sli
 layer per step:
 
 1. gradient sync: a reduce-scatter (mean) gives rank r the averaged gradient of exactly its slice,
-   (N-1)/N·Ψ on the wire (the paper's accounting), or, as DeepSpeed runs ZeRO-1/2 in practice, an
-   all-reduce of the whole gradient, 2(N-1)/N·Ψ, of which each rank then reads its slice;
+   (N-1)/N·Ψ on the wire (the paper's accounting), or, as DeepSpeed runs ZeRO-1/2 by default
+   (`use_multi_rank_bucket_allreduce`; DeepSpeed#5758, and #6463 for the per-partition reduces with it
+   off), an all-reduce of the whole gradient, 2(N-1)/N·Ψ, of which each rank then reads its slice;
 2. after the update, an all-gather of the fp16 parameters, (N-1)/N·Ψ.
 
 So 2Ψ per step like data parallelism (3Ψ with the all-reduce variant), and less memory.
