@@ -66,8 +66,8 @@ def maybe_current() -> RankContext | None:
 @contextmanager
 def activate(ctx: RankContext, *, whole_process: bool = False) -> Iterator[RankContext]:
     """Make `ctx` the calling thread's rank context for the duration of the block; with `whole_process`,
-    every thread's that has none of its own (a process that is one rank; never on the virtual cluster,
-    whose threads are many ranks)."""
+    also the context of every thread that has none of its own (for a process that is one rank; never on
+    the virtual cluster, whose threads are many ranks)."""
     previous = getattr(_local, "ctx", None)
     _local.ctx = ctx
     if whole_process:
