@@ -21,6 +21,7 @@ import argparse
 import csv
 import hashlib
 import hmac
+import io
 import json
 import os
 import secrets
@@ -94,18 +95,12 @@ def find_notebooks(student_dir: Path, assignments: list[str]) -> dict[str, Path]
 
 
 def write_csv_atomically(path: Path, fieldnames: list[str], rows: list[dict]) -> None:
-    """Write the whole CSV to a temporary file beside `path`, then rename it over `path`."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", newline="") as handle:
-            writer = csv.DictWriter(handle, fieldnames=fieldnames)
-            writer.writeheader()
-            writer.writerows(rows)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """The whole CSV, made in memory, then written as one file (`write_text_atomically`)."""
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=fieldnames)
+    writer.writeheader()
+    writer.writerows(rows)
+    write_text_atomically(path, text.getvalue())
 
 
 def read_rows(path: Path, fieldnames: list[str]) -> list[dict]:
@@ -153,10 +148,12 @@ def signed_rows(rows: list[dict], key: bytes, fieldnames: list[str]) -> tuple[li
 
 
 def write_text_atomically(path: Path, text: str) -> None:
-    """Write `text` to a temporary file beside `path`, then rename it over `path`."""
+    """Write `text` to a temporary file beside `path`, then rename it over `path`: a reader sees the old
+    file or the new one, never a part."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w") as handle:
+        with os.fdopen(fd, "w", newline="") as handle:
             handle.write(text)
         os.replace(tmp, path)
     except BaseException:
