@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter
+from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from zero_core import formulas, memory
 from zero_core.units import format_count
@@ -245,7 +245,8 @@ def _transient(held: dict[str, int]) -> int:
 def memory_timeline(report: StageReport, ranks: Sequence[int] = (0,), step: int | None = None) -> Figure:
     """One step's memory over time on each of `ranks`: the total after every allocation and release.
 
-    Time runs on each rank's memory-ledger clock from the step's first event; phases are shaded over the
+    Time runs on each rank's memory-ledger clock from the step's first event: the wall time of a virtual
+    rank's thread on this CPU, scheduling included, not what a GPU would take. Phases are shaded over the
     events that carry their label, for the first rank drawn (a phase that allocates nothing, like ZeRO-0's
     in-place all-reduce, has no events to shade). ZeRO-3's gathered layers show as
     spikes (ZeRO §5.3: one layer at a time); the filled band is the transients (gathered parameters,
@@ -273,7 +274,7 @@ def memory_timeline(report: StageReport, ranks: Sequence[int] = (0,), step: int 
             ax.fill_between(times, base, totals, step="post", color=color, alpha=0.35, label=label)
         if index == 0:
             _shade_phases(ax, times, [phase for _, _, _, phase in points])
-    ax.set_xlabel("time since the step's first memory event (ms)")
+    ax.set_xlabel("ms since the step's first memory event, on the rank thread's wall clock (this CPU, not a GPU)")
     ax.set_ylabel(f"bytes held per GPU ({unit})")
     ax.set_title(f"ZeRO-{report.stage}: memory over step {step} (N = {report.world_size})")
     ax.legend(fontsize=8, loc="upper right")
@@ -323,7 +324,7 @@ def loss_curves(reports: Sequence[StageReport]) -> Figure:
         )
     ax.set_xlabel("step")
     ax.set_ylabel("training loss (cross-entropy, nats)")
-    ax.set_xticks(range(max(len(r.losses) for r in reports)))
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_title(f"Loss per step: the stages coincide (N = {reports[0].world_size})")
     ax.legend(fontsize=8)
     return fig
