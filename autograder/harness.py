@@ -44,6 +44,10 @@ from zero_core.stages import TrainConfig, ZeroStage
 from zero_core.stages.sharding import FunctionLayer
 
 CONFIG = TrainConfig(model=preset("micro"))
+"""The memory and communication checks' training: bf16, as the lessons train, so bytes are 2 per element."""
+TRAINING_CONFIG = TrainConfig(model=preset("micro"), precision="fp32")
+"""The training check's: fp32, where the single-device oracle's rounding is fp32's too, so the tolerance it
+gives is tight (`verdicts.Tolerance`) and any correct formulation passes."""
 STEPS = 2
 COLLECTIVE_TIMEOUT_S = 10.0
 RUN_DEADLINE_S = 30.0
@@ -103,12 +107,12 @@ def graded_stage(stage_cls: type[ZeroStage], exercise: str) -> type[ZeroStage]:
     return type(f"Graded{stage_cls.__name__}", (Recording, stage_cls), attributes)
 
 
-def _train_rank(stage_cls: type[ZeroStage], functions: dict | None, steps: int) -> RankRecord:
+def _train_rank(stage_cls: type[ZeroStage], functions: dict | None, steps: int, config: TrainConfig) -> RankRecord:
     """Train under the memory audit: every storage the rank allocates, the student's code included, is on
     its ledger whether or not the code registers it, and counts for as long as anything keeps it alive."""
     current().extra[RECORD_ISSUERS] = True
     with current().tracker.audit():
-        trainer = stage_cls(CONFIG, functions=functions)
+        trainer = stage_cls(config, functions=functions)
         for step in range(steps):
             trainer.record.losses.append(trainer.train_step(step))
     with unaudited():
@@ -138,13 +142,19 @@ def layer_shapes() -> dict[str, dict[str, torch.Size]]:
     }
 
 
-def train(stage_cls: type[ZeroStage], world_size: int, functions: dict | None = None, steps: int = STEPS) -> Run:
+def train(
+    stage_cls: type[ZeroStage],
+    world_size: int,
+    functions: dict | None = None,
+    steps: int = STEPS,
+    config: TrainConfig = CONFIG,
+) -> Run:
     """Train `stage_cls` (a `graded_stage`) on `world_size` ranks; cluster errors propagate."""
     cluster = VirtualCluster(world_size, timeout_s=COLLECTIVE_TIMEOUT_S, seed=CONFIG.seed)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        records = cluster.run(_train_rank, stage_cls, functions, steps, deadline_s=RUN_DEADLINE_S)
+        records = cluster.run(_train_rank, stage_cls, functions, steps, config, deadline_s=RUN_DEADLINE_S)
     finally:
         torch.set_num_threads(threads)
     return Run.of(world_size, steps, records, cluster.trackers, cluster.ledger, layer_partitions(world_size))

@@ -15,9 +15,10 @@ from zero_core.stages.base import TrainConfig
 
 
 def train_single_device(
-    config: TrainConfig, world_size: int, steps: int
+    config: TrainConfig, world_size: int, steps: int, gradients: dict[tuple[str, int], torch.Tensor] | None = None
 ) -> tuple[list[float], dict[str, torch.Tensor]]:
-    """Losses per step and the final fp32 weights per layer (flattened weight then bias)."""
+    """Losses per step and the final fp32 weights per layer (flattened weight then bias); with `gradients`,
+    also each layer's gradient at each step, flattened the same way, keyed (layer, step)."""
     model = build_model(config.model, config.seed)
     adam = config.adam
     optimizer = torch.optim.Adam(model.parameters(), lr=adam.lr, betas=(adam.beta1, adam.beta2), eps=adam.eps)
@@ -27,6 +28,9 @@ def train_single_device(
         optimizer.zero_grad()
         loss = loss_fn(model(inputs), targets)
         loss.backward()
+        if gradients is not None:
+            for name, module in parameter_layers(model):
+                gradients[name, step] = flatten([p.grad.detach() for p in module.parameters()]).clone()
         optimizer.step()
         losses.append(loss.item())
     weights = {name: flatten([p.detach() for p in module.parameters()]) for name, module in parameter_layers(model)}
