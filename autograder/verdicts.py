@@ -70,10 +70,13 @@ def tolerance_from_oracle(
     return Tolerance(scale(loss), scale(master), {layer: scale(d) for layer, d in grad.items()})
 
 
+def _deltas(got: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
+    """|got - want| elementwise, infinite where either is not a number."""
+    return (got - want).abs().nan_to_num(nan=float("inf"))
+
+
 def _max_delta(got: torch.Tensor, want: torch.Tensor) -> float:
-    """max |got - want|, infinite where either is not a number."""
-    delta = (got - want).abs()
-    return float(torch.where(torch.isnan(delta), torch.full_like(delta, float("inf")), delta).max().item())
+    return float(_deltas(got, want).max().item())
 
 
 def _first_loss_difference(run: Run, reference: Run, tolerance: Tolerance) -> tuple[int, str] | None:
@@ -93,10 +96,9 @@ def _first_master_difference(run: Run, reference: Run, tolerance: Tolerance) -> 
             return f"no rank returned master weights for layer {layer}"
         if got[layer].shape != want[layer].shape:
             return f"layer {layer}: {got[layer].numel()} master values, expected {want[layer].numel()}"
-        if _max_delta(got[layer], want[layer]) <= tolerance.master:
+        delta = _deltas(got[layer], want[layer])
+        if delta.max().item() <= tolerance.master:
             continue
-        delta = (got[layer] - want[layer]).abs()
-        delta = torch.where(torch.isnan(delta), torch.full_like(delta, float("inf")), delta)
         wrong = torch.nonzero(delta > tolerance.master).flatten().tolist()
         shards = sorted({int(i) // partition.chunk_numel for i in wrong})
         return (
