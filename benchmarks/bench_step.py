@@ -95,23 +95,15 @@ def _typical(times: list[float]) -> float:
     return statistics.median(times[1:] if len(times) > 1 else times)
 
 
-def floor_step_seconds(config: TrainConfig, world_size: int, steps: int, stage: int = 1) -> float:
-    """Median seconds of one step's work done serially in one thread, without any collective."""
-    threads = torch.get_num_threads()
-    try:
-        return _typical(_floor_work(config, world_size, steps, stage, 0, 1))
-    finally:
-        torch.set_num_threads(threads)
-
-
 def _worker_main(args: tuple) -> list[float]:
     *work, barrier = args
     return _floor_work(*work, barrier=barrier)
 
 
-def parallel_floor_step_seconds(config: TrainConfig, world_size: int, steps: int, stage: int, cores: int) -> float:
-    """The same work spread over `cores` processes, one thread each: the floor a cluster that may use
-    `cores` cores is held to (the one-core floor flatters any parallel run)."""
+def floor_step_seconds(config: TrainConfig, world_size: int, steps: int, stage: int, cores: int) -> float:
+    """Median seconds of one step's work spread over `cores` processes, one thread each: with `cores` = 1
+    the serial floor, with the cores the cluster may use the fair one (the serial floor flatters any
+    parallel run). The floors run in processes of their own, so the bench's peak RSS is the cluster's."""
     context = multiprocessing.get_context("spawn")
     with context.Manager() as manager:
         barrier = manager.Barrier(cores)
@@ -150,8 +142,8 @@ def main() -> None:
     for stage in stages:
         ratios, parallel_ratios = [], []
         for _ in range(args.repeats):
-            floor = floor_step_seconds(config, args.world_size, args.steps, stage)
-            parallel_floor = parallel_floor_step_seconds(config, args.world_size, args.steps, stage, cores)
+            floor = floor_step_seconds(config, args.world_size, args.steps, stage, 1)
+            parallel_floor = floor_step_seconds(config, args.world_size, args.steps, stage, cores)
             report = run_stage(stage, args.world_size, args.steps, config)
             ratios.append(report.typical_step_seconds / floor)
             parallel_ratios.append(report.typical_step_seconds / parallel_floor)
