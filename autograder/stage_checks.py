@@ -35,7 +35,7 @@ from autograder.verdicts import (
     compare_training,
     tolerance_from_oracle,
 )
-from zero_core.stages.base import OVERFLOW_TAG, TrainConfig, ZeroStage, named_object
+from zero_core.stages.base import OVERFLOW_TAG, TrainConfig, ZeroStage, layer_tag, named_object
 
 VISIBLE_WORLD_SIZES = [2, 3]
 HIDDEN_WORLD_SIZES = [5, 7]
@@ -115,7 +115,7 @@ class StageExercise:
         "grad <layer>" and "param <layer>" (`LayerShard`'s, the stage's) but those the student writes."""
         every = {(what, layer, kind) for layer, kind in layer_kinds().items() for what in ("grad", "param")}
         return {OVERFLOW_TAG} | {
-            f"{what} {layer}" for what, layer, kind in every if (what, kind) not in self.students_collectives
+            layer_tag(what, layer) for what, layer, kind in every if (what, kind) not in self.students_collectives
         }
 
     @property

@@ -12,7 +12,6 @@ on the CPU the same code runs with gloo and the CPU as the device, so only the d
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -20,6 +19,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 import torch.distributed as torch_dist
+from test_launch import free_port
 
 from zero_core.backends.torch_distributed import TorchBackend, join_process_group, process_context
 from zero_core.cluster import INTERCONNECT
@@ -33,12 +33,6 @@ from zero_core.stages import STAGES, TrainConfig
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here")
 CONFIG = TrainConfig(model=preset("micro"))
 STEPS = 2
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(params=["gloo", pytest.param("nccl", marks=needs_cuda)])

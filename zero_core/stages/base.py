@@ -91,6 +91,12 @@ OVERFLOW_TAG = "overflow flag"
 """The tag of the loss scaler's one-element all-reduce: a few bytes per step that are not model traffic."""
 
 
+def layer_tag(what: str, layer: str) -> str:
+    """The ledger tag of a layer's gradient ("grad") or parameter ("param") collective, in every stage: how
+    reports and the grader tell the layers' collectives apart."""
+    return f"{what} {layer}"
+
+
 def named_object(value: Any) -> Any:
     """`value`, or for a string "package.module:Name" the object it names, imported now."""
     if not isinstance(value, str):

@@ -25,7 +25,7 @@ import torch.nn as nn
 
 from zero_core import dist, memory
 from zero_core.partition import unflatten
-from zero_core.stages.base import Layer
+from zero_core.stages.base import Layer, layer_tag
 
 
 class InFlightReduceScatter:
@@ -90,8 +90,8 @@ class LayerShard:
         self.gathered_views = unflatten(self.gathered, layer.shapes)
         self.gathered_bytes = self.gathered.untyped_storage().nbytes()
         self.gathered.untyped_storage().resize_(0)  # no memory until ZeRO-3 gathers the parameters
-        self.grad_tag = f"grad {layer.name}"
-        self.param_tag = f"param {layer.name}"
+        self.grad_tag = layer_tag("grad", layer.name)
+        self.param_tag = layer_tag("param", layer.name)
         self.in_flight = in_flight
 
     def reduce_scatter_gradients(self, grads: list[torch.Tensor]) -> None:

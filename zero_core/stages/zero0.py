@@ -15,7 +15,7 @@ import torch
 
 from zero_core import dist
 from zero_core.optim import has_overflow
-from zero_core.stages.base import ReplicatedStage
+from zero_core.stages.base import ReplicatedStage, layer_tag
 
 
 class Zero0(ReplicatedStage):
@@ -25,7 +25,7 @@ class Zero0(ReplicatedStage):
 
     def sync_gradients(self) -> None:
         for layer in self.layers:
-            dist.all_reduce(self.grads[layer.name], op=dist.ReduceOp.AVG, tag=f"grad {layer.name}")
+            dist.all_reduce(self.grads[layer.name], op=dist.ReduceOp.AVG, tag=layer_tag("grad", layer.name))
 
     def owned_gradients(self) -> list[torch.Tensor]:
         return [self.grads[layer.name] for layer in self.layers]

@@ -16,7 +16,7 @@ So 2Ψ per step like data parallelism (3Ψ with the all-reduce variant), and les
 from __future__ import annotations
 
 from zero_core import dist
-from zero_core.stages.base import ReplicatedStage
+from zero_core.stages.base import ReplicatedStage, layer_tag
 
 
 class Zero1(ReplicatedStage):
@@ -26,13 +26,13 @@ class Zero1(ReplicatedStage):
         for layer in self.layers:
             flat_grad = self.grads[layer.name]
             if self.config.zero1_grad_sync == "all_reduce":
-                dist.all_reduce(flat_grad, op=dist.ReduceOp.AVG, tag=f"grad {layer.name}")
+                dist.all_reduce(flat_grad, op=dist.ReduceOp.AVG, tag=layer_tag("grad", layer.name))
             else:
                 dist.reduce_scatter_single(
-                    self.chunk(flat_grad, layer), flat_grad, op=dist.ReduceOp.AVG, tag=f"grad {layer.name}"
+                    self.chunk(flat_grad, layer), flat_grad, op=dist.ReduceOp.AVG, tag=layer_tag("grad", layer.name)
                 )
 
     def publish_parameters(self) -> None:
         for layer in self.layers:
             flat_param = self.params[layer.name]
-            dist.all_gather_single(flat_param, self.chunk(flat_param, layer), tag=f"param {layer.name}")
+            dist.all_gather_single(flat_param, self.chunk(flat_param, layer), tag=layer_tag("param", layer.name))
