@@ -3,7 +3,8 @@
 A run is the reference training loop (`ZeroStage.train_step`) on the virtual cluster, with three
 recorders added: the fp32 gradient each rank hands to Adam for each layer and step (to say which shard
 a rank kept), the parameters autograd left a `.grad` on (ZeRO-2/3 must leave none), and, from the
-cluster, every rank's memory tracker and ledger of collectives. The same harness runs the reference
+cluster, every rank's memory tracker and ledger of collectives, with the moments the stage marked
+(`zero_core.schedule`) to set the collectives' times against. The same harness runs the reference
 pieces, so a student's run is compared with a reference run made the same way.
 
 Runs use the `micro` model for `STEPS` steps, a short collective timeout (a rank-dependent order of
@@ -25,6 +26,7 @@ import torch.nn as nn
 from autograder.checks import CheckFailed, describe_exception
 from autograder.integrity import ReferenceUsed, StudentShard
 from autograder.records import RankRecord, Run
+from zero_core import schedule
 from zero_core.cluster import (
     ClusterError,
     CollectiveDeadlock,
@@ -111,12 +113,13 @@ def _train_rank(stage_cls: type[ZeroStage], functions: dict | None, steps: int, 
     """Train under the memory audit: every storage the rank allocates, the student's code included, is on
     its ledger whether or not the code registers it, and counts for as long as anything keeps it alive."""
     current().extra[RECORD_ISSUERS] = True
-    with current().tracker.audit():
+    with current().tracker.audit(), schedule.record() as marks:
         trainer = stage_cls(config, functions=functions)
         for step in range(steps):
             trainer.record.losses.append(trainer.train_step(step))
     with unaudited():
         trainer.record.master = trainer.master_shards()
+    trainer.record.schedule = marks
     return trainer.record
 
 

@@ -24,6 +24,7 @@ from zero_core import memory
 from zero_core.comm import CommLedger
 from zero_core.memory import Leftover, MemoryTracker
 from zero_core.partition import FlatPartition
+from zero_core.schedule import Mark
 
 REGISTERED_CATEGORIES = (memory.GATHER, memory.GRAD_BUCKET)
 """The categories whose registrations, buffer by buffer, the memory checks compare."""
@@ -40,6 +41,8 @@ class RankRecord:
     adam_grads: dict[tuple[str, int], torch.Tensor] = field(default_factory=dict)
     stray_grads: set[str] = field(default_factory=set)
     largest_fp32: dict[str, tuple[int, str]] = field(default_factory=dict)
+    schedule: list[Mark] = field(default_factory=list)
+    """The moments the stage marked (`zero_core.schedule`), on the clock of the collectives' times."""
 
 
 @dataclass
@@ -76,6 +79,10 @@ class Collective:
     bytes_sent: int
     issuer: str
     """"file:function" of the code that called it (`zero_core.dist.RECORD_ISSUERS`)."""
+    started_s: float = 0.0
+    """When the rank entered it (`time.perf_counter()`, the clock of `RankRecord.schedule`)."""
+    wait_started_s: float = 0.0
+    """For an `async_op` collective, when the rank began waiting for it; 0.0 for a blocking one."""
 
 
 @dataclass
@@ -100,7 +107,12 @@ class Run:
         partitions: dict[str, FlatPartition],
     ) -> Run:
         collectives = [
-            [Collective(e.op, e.dtype, e.elements, e.tag, e.step, e.bytes_sent, e.issuer) for e in ledger.entries(rank)]
+            [
+                Collective(
+                    e.op, e.dtype, e.elements, e.tag, e.step, e.bytes_sent, e.issuer, e.started_s, e.wait_started_s
+                )
+                for e in ledger.entries(rank)
+            ]
             for rank in range(world_size)
         ]
         return cls(world_size, steps, ranks, [RankMemory.of(t) for t in trackers], collectives, partitions)
@@ -148,6 +160,7 @@ def run_to_data(run: Run) -> dict[str, Any]:
                 "adam_grads": [[layer, step, encode_floats(grad)] for (layer, step), grad in record.adam_grads.items()],
                 "stray_grads": sorted(record.stray_grads),
                 "largest_fp32": {layer: [numel, where] for layer, (numel, where) in record.largest_fp32.items()},
+                "schedule": [list(m) for m in record.schedule],
             }
             for record in run.ranks
         ],
@@ -160,7 +173,10 @@ def run_to_data(run: Run) -> dict[str, Any]:
             for rank_memory in run.memory
         ],
         "collectives": [
-            [[c.op, c.dtype, c.elements, c.tag, c.step, c.bytes_sent, c.issuer] for c in entries]
+            [
+                [c.op, c.dtype, c.elements, c.tag, c.step, c.bytes_sent, c.issuer, c.started_s, c.wait_started_s]
+                for c in entries
+            ]
             for entries in run.collectives
         ],
     }
@@ -227,6 +243,17 @@ def _rank_record(data: Any, rank: int, steps: int, partitions: dict[str, FlatPar
             f"{what}'s largest fp32 tensor of {layer}",
         )
         record.largest_fp32[layer] = (entry[0], entry[1])
+    for entry in _list(data.get("schedule"), f"{what}'s schedule"):
+        _require(
+            isinstance(entry, list)
+            and len(entry) == 4
+            and _is_number(entry[0])
+            and isinstance(entry[1], str)
+            and entry[2] in partitions
+            and _is_int(entry[3]),
+            f"{what}'s schedule mark",
+        )
+        record.schedule.append((float(entry[0]), entry[1], entry[2], entry[3]))
     return record
 
 
@@ -277,7 +304,7 @@ def _collectives(data: Any, rank: int, steps: int) -> list[Collective]:
     for entry in _list(data, f"rank {rank}'s collectives"):
         _require(
             isinstance(entry, list)
-            and len(entry) == 7
+            and len(entry) == 9
             and isinstance(entry[0], str)
             and isinstance(entry[1], str)
             and _is_int(entry[2])
@@ -285,10 +312,12 @@ def _collectives(data: Any, rank: int, steps: int) -> list[Collective]:
             and _is_int(entry[4])
             and 0 <= entry[4] < steps
             and _is_int(entry[5])
-            and isinstance(entry[6], str),
+            and isinstance(entry[6], str)
+            and _is_number(entry[7])
+            and _is_number(entry[8]),
             f"rank {rank}'s collective",
         )
-        entries.append(Collective(*entry))
+        entries.append(Collective(*entry[:7], float(entry[7]), float(entry[8])))
     return entries
 
 

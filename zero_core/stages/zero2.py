@@ -73,6 +73,8 @@ class Zero2(Zero1):
 
     overlap_reduce_scatter = True
     """Let each layer's gradient reduce-scatter run on while backward goes on (see `InFlightReduceScatter`)."""
+    shard_class: type[LayerShard] = LayerShard
+    """What holds a rank's part of each layer; a variant stage (bucketed, prefetching) swaps in a subclass."""
 
     def setup(self, model: nn.Module, initial: dict[str, torch.Tensor]) -> None:
         self.params: dict[str, torch.Tensor] = {}
@@ -80,7 +82,7 @@ class Zero2(Zero1):
         self.in_flight = InFlightReduceScatter(self.tracker, overlap=self.overlap_reduce_scatter)
         for layer in self.layers:
             flat_param = self.new_buffer(initial[layer.name], memory.PARAM, layer)
-            shard = LayerShard(layer, self.rank, self.tracker, self.dtype, self.in_flight, self.device)
+            shard = self.shard_class(layer, self.rank, self.tracker, self.dtype, self.in_flight, self.device)
             params = [nn.Parameter(view) for view in unflatten(flat_param, layer.shapes)]
             function = self.functions[layer.kind]
             swap_module(model, layer.name, FunctionLayer(function, params, shard, *layer.extra))

@@ -60,7 +60,7 @@ class Zero3(Zero2):
         self.shards: dict[str, LayerShard] = {}
         self.in_flight = InFlightReduceScatter(self.tracker, overlap=self.overlap_reduce_scatter)
         for layer in self.layers:
-            shard = LayerShard(layer, self.rank, self.tracker, self.dtype, self.in_flight, self.device)
+            shard = self.shard_class(layer, self.rank, self.tracker, self.dtype, self.in_flight, self.device)
             shard.param = nn.Parameter(
                 layer.partition.shard(initial[layer.name], self.rank).to(self.device, self.dtype)
             )
