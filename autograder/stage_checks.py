@@ -186,6 +186,12 @@ class StageExercise:
     def check_memory_and_communication(self) -> Callable[..., None]:
         return _check(self, "check_memory_and_communication", self.judge_memory_and_communication, "")
 
+    def check_with(
+        self, name: str, judge: Callable[..., str], doc: str, observe: Callable[..., Any] | None = None
+    ) -> Callable[..., None]:
+        """A check of the exercise's own: `judge` reads what `observe` (default: the bf16 runs) returned."""
+        return _check(self, name, judge, doc, observe)
+
 
 @cache
 def oracle_run(world_size: int) -> tuple[list[float], dict[str, Any], dict[tuple[str, int], Any]]:

@@ -33,6 +33,9 @@ EXERCISES = {
     "ex03_zero2_reduce_scatter_backward": "autograder.ex03",
     "ex04_zero3_gather_linear": "autograder.ex04",
     "ex05_memory_planning": "autograder.ex05",
+    "ex06_bucketed_overlap": "autograder.ex06",
+    "ex07_zero3_prefetch": "autograder.ex07",
+    "ex08_clip_and_accumulate": "autograder.ex08",
 }
 
 

@@ -18,7 +18,7 @@ import textwrap
 from functools import cache
 from pathlib import Path
 
-from zero_core.stages import sharding, zero1, zero2_linear, zero3_gather
+from zero_core.stages import clip_accumulate, sharding, zero1, zero2_buckets, zero2_linear, zero3_gather, zero3_prefetch
 
 ROOT = Path(__file__).resolve().parents[1]
 MIN_CHARS = 12
@@ -33,6 +33,9 @@ REFERENCE_ANSWERS = {
     "ex04's GatherLinear and GatherEmbedding": zero3_gather,
     "ex04's gather (LayerShard.gather_parameters)": sharding.LayerShard.gather_parameters,
     "ex04's release (LayerShard.release_parameters)": sharding.LayerShard.release_parameters,
+    "ex06's GradientBuckets": zero2_buckets,
+    "ex07's Prefetcher": zero3_prefetch,
+    "ex08's accumulate_gradient and clip_global_norm": clip_accumulate,
 }
 
 

@@ -43,6 +43,19 @@ CLASS = {
         "mallory": "wrong/ex04_imports_the_reference_by_a_built_name.py",
         "ursula": "correct/ex04_names_the_reference_in_strings_and_helpers.py",
     },
+    "ex06_bucketed_overlap": {
+        "bob": "wrong/ex06_waits_at_once.py",
+        "mallory": "wrong/ex06_imports_the_reference_by_a_built_name.py",
+        "ursula": "correct/ex06_plans_from_the_far_end.py",
+    },
+    "ex07_zero3_prefetch": {
+        "bob": "wrong/ex07_gathers_on_demand.py",
+        "ursula": "correct/ex07_prefetches_on_release.py",
+    },
+    "ex08_clip_and_accumulate": {
+        "bob": "wrong/ex08_defers_to_the_last_micro_batch.py",
+        "ursula": "correct/ex08_first_micro_batch_in_place_and_gathered_norms.py",
+    },
     "ex05_memory_planning": {
         "bob": "wrong/ex05_wrong_formula.py",
         "mallory": "wrong/ex05_forges_the_results_file.py",

@@ -3,6 +3,10 @@
 Plain `torch.nn` and `torch.optim.Adam` on one device, in fp32, on the global batch (the ranks'
 micro-batches concatenated in rank order). Averaging N equal micro-batch gradients is the gradient of
 the global batch's mean loss, so every ZeRO stage at every N should train like this, up to rounding.
+
+With gradient accumulation (`micro_steps` k) an optimizer step's batch is its k micro-steps' global
+batches concatenated, and with `max_norm` the gradient is clipped by `torch.nn.utils.clip_grad_norm_`
+before Adam: what `AccumulatingZero2` must equal.
 """
 
 from __future__ import annotations
@@ -12,22 +16,33 @@ import torch
 from zero_core.model import build_model, global_batch, loss_fn, parameter_layers
 from zero_core.partition import flatten
 from zero_core.stages.base import TrainConfig
+from zero_core.stages.zero2_accumulating import accumulation_data_step
 
 
 def train_single_device(
-    config: TrainConfig, world_size: int, steps: int, gradients: dict[tuple[str, int], torch.Tensor] | None = None
+    config: TrainConfig,
+    world_size: int,
+    steps: int,
+    gradients: dict[tuple[str, int], torch.Tensor] | None = None,
+    *,
+    micro_steps: int = 1,
+    max_norm: float | None = None,
 ) -> tuple[list[float], dict[str, torch.Tensor]]:
     """Losses per step and the final fp32 weights per layer (flattened weight then bias); with `gradients`,
-    also each layer's gradient at each step, flattened the same way, keyed (layer, step)."""
+    also each layer's gradient at each step, flattened the same way, keyed (layer, step): the gradient Adam
+    is given, clipped if `max_norm` is set. Step s trains on the data of steps s·k to s·k + k - 1
+    (`accumulation_data_step`); the defaults (k = 1, no clipping) are plain training."""
     model = build_model(config.model, config.seed)
     adam = config.adam
     optimizer = torch.optim.Adam(model.parameters(), lr=adam.lr, betas=(adam.beta1, adam.beta2), eps=adam.eps)
     losses = []
     for step in range(steps):
-        inputs, targets = global_batch(config.model, world_size, step, config.seed)
+        inputs, targets = accumulated_batch(config, world_size, step, micro_steps)
         optimizer.zero_grad()
         loss = loss_fn(model(inputs), targets)
         loss.backward()
+        if max_norm is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
         if gradients is not None:
             for name, module in parameter_layers(model):
                 gradients[name, step] = flatten([p.grad.detach() for p in module.parameters()]).clone()
@@ -35,3 +50,16 @@ def train_single_device(
         losses.append(loss.item())
     weights = {name: flatten([p.detach() for p in module.parameters()]) for name, module in parameter_layers(model)}
     return losses, weights
+
+
+def accumulated_batch(
+    config: TrainConfig, world_size: int, step: int, micro_steps: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The global batches of optimizer step `step`'s micro-steps, concatenated (the global batch for k = 1)."""
+    if micro_steps == 1:
+        return global_batch(config.model, world_size, step, config.seed)
+    pairs = [
+        global_batch(config.model, world_size, accumulation_data_step(step, j, micro_steps), config.seed)
+        for j in range(micro_steps)
+    ]
+    return torch.cat([p[0] for p in pairs]), torch.cat([p[1] for p in pairs])

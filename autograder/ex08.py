@@ -1,0 +1,316 @@
+"""ex08: global-norm gradient clipping and k-step gradient accumulation on ZeRO-2's gradient shards.
+
+The student writes two functions that `AccumulatingZero2` (zero_core/stages/zero2_accumulating.py) calls:
+`accumulate_gradient(shard, grads)`, once per layer and micro-batch in backward, which must average the
+micro-batch's gradient over the ranks and add this rank's chunk into `shard.grad`; and
+`clip_global_norm(grads, max_norm)`, once per optimizer step, which must scale the rank's owned fp32
+gradient slices so that the model's global norm is at most `max_norm`, as `torch.nn.utils.clip_grad_norm_`
+does on one device. The checks train the stage with them, with a number of micro-batches k and a max_norm
+the grader picks per world size (`ACCUMULATION`), and judge, each from what the course's code observed:
+
+- values: losses, the clipped gradient given to Adam and the fp32 masters, within the rounding of the fp32
+  single-device oracle that accumulates and clips with `clip_grad_norm_` (`zero_core.oracle`);
+- memory: only the shards hold gradients between micro-batches (no category above the reference's peak),
+  k registered buckets per layer and step, each released, nothing left behind;
+- communication: k reduce-scatters per layer and step, the all-gathers, and one collective of a few bytes
+  for the norm: k·Ψ + Ψ + ε, from the ledger;
+- schedule: every micro-batch's gradient reduce-scattered before backward goes on to the next layer (the
+  ledger's start times against the stage's `GRADIENTS_READY` marks).
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left
+from collections import Counter
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from autograder.checks import Check, CheckFailed
+from autograder.harness import STEPS, TRAINING_CONFIG, graded_stage
+from autograder.integrity import StudentShard, answer_modules
+from autograder.records import Collective, Run
+from autograder.stage_checks import HIDDEN_WORLD_SIZES, VISIBLE_WORLD_SIZES, StageExercise
+from autograder.verdicts import (
+    check_no_stray_gradients,
+    check_nothing_left_behind,
+    check_released,
+    compare_peaks,
+    compare_registrations,
+    compare_training,
+    tolerance_from_oracle,
+)
+from zero_core import comm, memory, schedule
+from zero_core.context import current
+from zero_core.memory import unaudited
+from zero_core.stages.base import OVERFLOW_TAG
+from zero_core.stages.zero2_accumulating import NORM_TAG, AccumulatingZero2
+
+ASSIGNMENT = "ex08_clip_and_accumulate"
+ANSWER_MODULES = answer_modules(("zero_core.stages.zero1", "zero_core.stages.zero2", "zero_core.stages.zero2_linear"))
+"""Not loaded, and not loadable, where the student's code is graded (`autograder.sandbox`). ZeRO-2's layer
+Functions are ex03's answer, due before this exercise: here they are the scaffolding."""
+
+
+@dataclass(frozen=True)
+class Accumulation:
+    """What an optimizer step is made of in a graded run: k micro-batches, then clipping to `max_norm`."""
+
+    micro_steps: int
+    max_norm: float
+
+
+ACCUMULATION = {
+    2: Accumulation(2, 1.0),
+    3: Accumulation(2, 1.0),
+    4: Accumulation(2, 5.0),
+    5: Accumulation(3, 1.2),
+    7: Accumulation(4, 1.1),
+}
+"""k and max_norm per world size. On 2, 3, 5 and 7 ranks the micro model's gradient norm (1.3 to 1.8 in the
+two graded steps) is above max_norm, so every graded step clips; on 4 ranks it is well below: no step
+clips, and a coefficient that is not clamped to 1 shows (tests/test_ex08_clip_and_accumulate.py)."""
+UNCLIPPED_WORLD_SIZES = [4]
+NORM_BYTES = 128
+"""What the norm's collective may send per rank: a few fp32 numbers (one per layer fits), whatever N."""
+
+
+class GradedAccumulatingZero2(AccumulatingZero2):
+    """The accumulating ZeRO-2 with the graded world size's k and max_norm, whose record of the gradient
+    given to Adam (`harness.Recording`) is the clipped one, as the oracle's is."""
+
+    @property
+    def micro_steps(self) -> int:  # type: ignore[override]
+        return ACCUMULATION[self.world_size].micro_steps
+
+    @property
+    def max_norm(self) -> float:  # type: ignore[override]
+        return ACCUMULATION[self.world_size].max_norm
+
+    def clip_gradients(self, grads: list[torch.Tensor]) -> None:
+        super().clip_gradients(grads)
+        record = getattr(self, "record", None)
+        if record is not None:
+            with unaudited():
+                for layer, grad in zip(self.layers, grads, strict=True):
+                    record.adam_grads[(layer.name, current().step)] = grad.detach().clone()
+
+
+def _guarded(stage: AccumulatingZero2, shard: Any) -> StudentShard:
+    return StudentShard(shard, ASSIGNMENT)
+
+
+def _build(accumulate: Any, clip: Any) -> tuple[type, None]:
+    attributes = {"ACCUMULATE": staticmethod(accumulate), "CLIP": staticmethod(clip), "handed_shard": _guarded}
+    return graded_stage(type("StudentAccumulatingZero2", (GradedAccumulatingZero2,), attributes), ASSIGNMENT), None
+
+
+# -- memory ------------------------------------------------------------------------------------------------
+
+PEAK_ADVICE = {
+    memory.GRAD: "Only the shards (shard.grad) hold gradients between micro-batches: add each micro-batch's "
+    "reduced chunk into shard.grad; never keep a full-size gradient, not even a local sum.",
+    memory.GRAD_BUCKET: "One layer's bucket at a time: release it right after its reduce-scatter.",
+    memory.ACTIVATIONS: "Keep nothing of a micro-batch after its backward.",
+}
+BUCKET_ADVICE = (
+    "Make, register and reduce-scatter one bucket per layer and micro-batch, as backward produces it "
+    "(shard.tracker.register(bucket, memory.GRAD_BUCKET, padding_elements=shard.partition.padding)): ZeRO-2 "
+    "cannot wait for the last micro-batch, that would keep a full gradient alive until then."
+)
+
+
+def accumulation_memory_rules(run: Run, reference: Run, label: str) -> None:
+    """Between micro-batches only the shards hold gradients; buckets one per layer and micro-batch, released."""
+    check_nothing_left_behind(run, label)
+    check_no_stray_gradients(run, label)
+    for category in (*memory.MODEL_STATES, memory.GRAD_BUCKET, memory.ACTIVATIONS):
+        advice = PEAK_ADVICE.get(category, f"Register nothing of your own as {category}.")
+        compare_peaks(run, reference, category, label, advice)
+    compare_registrations(run, reference, memory.GRAD_BUCKET, label, BUCKET_ADVICE)
+    check_released(
+        run, memory.GRAD_BUCKET, label, "Release each bucket after its reduce-scatter and keep no reference to it."
+    )
+
+
+# -- communication and schedule ----------------------------------------------------------------------------
+
+
+def _key(c: Collective) -> tuple[str, str, int]:
+    return c.op, c.dtype, c.elements
+
+
+def _listed(keys: Counter) -> str:
+    return "; ".join(f"{count}x {op} of {elements:,} {dtype}" for (op, dtype, elements), count in keys.items())
+
+
+def compare_accumulated_collectives(run: Run, reference: Run, label: str) -> None:
+    """The reference's layer collectives (k reduce-scatters per layer, one all-gather per layer), op for op,
+    and one more collective per step, for the norm, of at most `NORM_BYTES` bytes sent."""
+    k = ACCUMULATION[run.world_size].micro_steps
+    for step in range(run.steps):
+        for rank in range(run.world_size):
+            where = f"{label}: at step {step}, rank {rank}"
+            mine = run.entries(rank, step, exclude_tag=OVERFLOW_TAG)
+            layers = Counter(_key(c) for c in reference.entries(rank, step, OVERFLOW_TAG) if c.tag != NORM_TAG)
+            missing = layers - Counter(map(_key, mine))
+            if missing:
+                raise CheckFailed(
+                    f"{where} is missing {_listed(missing)}. Each of the k = {k} micro-batches reduce-scatters "
+                    "every layer's gradient (op=AVG) as its backward produces it, and the stage all-gathers the "
+                    "updated parameters once per step."
+                )
+            left, extra = Counter(layers), []
+            for c in mine:
+                if left[_key(c)]:
+                    left[_key(c)] -= 1
+                else:
+                    extra.append(c)
+            if not extra:
+                raise CheckFailed(
+                    f"{where} made no collective for the gradient norm. A rank holds only its shards: the norm "
+                    "of those alone is not the model's. Combine every rank's contribution (one small all-reduce)."
+                )
+            if len(extra) > 1:
+                raise CheckFailed(
+                    f"{where} made {len(extra)} collectives besides the layers' ({_listed(Counter(map(_key, extra)))})"
+                    "; the global norm needs one, of a few numbers, per optimizer step."
+                )
+            (norm,) = extra
+            if norm.bytes_sent > NORM_BYTES:
+                raise CheckFailed(
+                    f"{where}'s collective for the norm ({norm.op} of {norm.elements:,} {norm.dtype} elements) sent "
+                    f"{norm.bytes_sent:,} bytes; one number per rank carries everything the global norm needs "
+                    f"(at most {NORM_BYTES} bytes). Reduce the sum of squares, not the gradient."
+                )
+
+
+def check_reduced_every_micro_batch(run: Run, label: str) -> None:
+    """Each time backward hands a layer's gradient over (`GRADIENTS_READY`), a reduce-scatter starts before it
+    hands over the next one: no micro-batch's gradient waits, full-size, for a later one."""
+    k = ACCUMULATION[run.world_size].micro_steps
+    per_step = k * len(run.partitions)
+    for rank, record in enumerate(run.ranks):
+        ready = sorted((mark[0], mark[2]) for mark in record.schedule if mark[1] == schedule.GRADIENTS_READY)
+        starts = sorted(c.started_s for c in run.collectives[rank] if c.op == comm.REDUCE_SCATTER)
+        for index, (t, layer) in enumerate(ready):
+            end = ready[index + 1][0] if index + 1 < len(ready) else math.inf
+            first = bisect_left(starts, t)
+            if first == len(starts) or starts[first] >= end:
+                step, micro_step = divmod(index, per_step)[0], index % per_step // len(run.partitions)
+                raise CheckFailed(
+                    f"{label}: rank {rank} did not reduce-scatter layer {layer}'s gradient of micro-batch "
+                    f"{micro_step} (step {step}) before backward went on. Under ZeRO-2 each micro-batch's "
+                    "gradient is reduced while backward produces it: only the shard may carry it forward."
+                )
+
+
+# -- values --------------------------------------------------------------------------------------------------
+
+
+@cache
+def oracle_run(world_size: int) -> tuple[list[float], dict[str, Any], dict[tuple[str, int], Any]]:
+    """The graded training on one device in fp32, accumulating k micro-batches and clipping with
+    `clip_grad_norm_`. Imported here, by the judge: the oracle is never loaded where students' code runs."""
+    from zero_core.oracle import train_single_device
+
+    setting = ACCUMULATION[world_size]
+    gradients: dict[tuple[str, int], Any] = {}
+    losses, weights = train_single_device(
+        TRAINING_CONFIG, world_size, STEPS, gradients, micro_steps=setting.micro_steps, max_norm=setting.max_norm
+    )
+    return losses, weights, gradients
+
+
+def uniform_factor(run: Run, reference: Run, step: int = 0) -> float | None:
+    """c if the whole model's gradient given to Adam at `step` is c times the reference's (one factor for
+    every element: a clip coefficient or a scaling gone wrong), else None."""
+    got, want = [], []
+    for layer in run.partitions:
+        mine, theirs = run.averaged_gradient(layer, step), reference.averaged_gradient(layer, step)
+        if mine is None or theirs is None or mine.shape != theirs.shape:
+            return None
+        got.append(mine)
+        want.append(theirs)
+    mine, theirs = torch.cat(got).double(), torch.cat(want).double()
+    factor = float(mine @ theirs / (theirs @ theirs))
+    residual = float((mine - factor * theirs).norm() / theirs.norm())
+    return factor if math.isfinite(factor) and residual < 1e-3 and abs(factor - 1) > 1e-3 else None
+
+
+def _settings(world_sizes: list[int]) -> str:
+    return ", ".join(
+        f"N = {n}: k = {ACCUMULATION[n].micro_steps}, max_norm = {ACCUMULATION[n].max_norm:g}" for n in world_sizes
+    )
+
+
+def judge_training(observation: Any, world_sizes: list[int]) -> str:
+    for label, run, reference in EXERCISE.runs(observation, world_sizes, TRAINING_CONFIG):
+        tolerance = tolerance_from_oracle(reference, *oracle_run(run.world_size))
+        try:
+            compare_training(run, reference, label, tolerance)
+        except CheckFailed as failure:
+            factor = uniform_factor(run, reference)
+            if factor is None:
+                raise
+            raise CheckFailed(
+                f"{failure}\n  at step 0 the whole model's gradient given to Adam is {factor:.4g} times the "
+                "reference's, one factor for every element: look at the clip coefficient (the norm over every "
+                "rank's elements, each once; at most 1) and at any scaling of the accumulated gradient."
+            ) from None
+    clipping = "clipping in every step" if max(world_sizes) != 4 else "no step clips"
+    return (
+        f"{_settings(world_sizes)} ({clipping}), {STEPS} steps: every loss, clipped gradient and fp32 master "
+        "weight within rounding of the single-device oracle's (clip_grad_norm_)"
+    )
+
+
+def judge_communication(observation: Any, world_sizes: list[int]) -> str:
+    for label, run, reference in EXERCISE.runs(observation, world_sizes):
+        compare_accumulated_collectives(run, reference, label)
+        check_reduced_every_micro_batch(run, label)
+    return f"{_settings(world_sizes)}: {EXERCISE.communication_summary}"
+
+
+def judge_memory_and_communication(observation: Any, world_sizes: list[int]) -> str:
+    memory_verdict = EXERCISE.judge_memory(observation, world_sizes).split(": ", 1)[1]
+    return f"{judge_communication(observation, world_sizes)}; and {memory_verdict}"
+
+
+EXERCISE = StageExercise(
+    exercise=ASSIGNMENT,
+    names=("accumulate_gradient", "clip_global_norm"),
+    reference="autograder.ex08:GradedAccumulatingZero2",
+    students_collectives=tuple(("grad", kind) for kind in (nn.Linear, nn.Embedding, nn.LayerNorm)),
+    build=_build,
+    memory_rules=accumulation_memory_rules,
+    memory_summary="only the gradient shards persist between micro-batches (no full gradient), one registered "
+    "bucket per layer and micro-batch, each released",
+    communication_summary="k reduce-scatters per layer (each during its micro-batch's backward), one all-gather "
+    "per layer and one collective of a few bytes for the norm: k·Ψ + Ψ + ε per optimizer step",
+)
+
+
+check_training = EXERCISE.check_with(
+    "check_training", judge_training, "training within rounding of the oracle", EXERCISE.observe_training
+)
+check_memory = EXERCISE.check_memory
+check_communication = EXERCISE.check_with("check_communication", judge_communication, EXERCISE.communication_summary)
+check_memory_and_communication = EXERCISE.check_with(
+    "check_memory_and_communication", judge_memory_and_communication, "memory and communication"
+)
+
+NAMES = EXERCISE.names
+_VISIBLE, _HIDDEN = {"world_sizes": VISIBLE_WORLD_SIZES}, {"world_sizes": HIDDEN_WORLD_SIZES}
+CHECKS = (
+    Check("test_training", 2, check_training, NAMES, _VISIBLE),
+    Check("test_training_without_clipping", 1, check_training, NAMES, {"world_sizes": UNCLIPPED_WORLD_SIZES}),
+    Check("test_memory", 2, check_memory, NAMES, _VISIBLE),
+    Check("test_communication", 2, check_communication, NAMES, _VISIBLE),
+    Check("test_hidden_training", 2, check_training, NAMES, _HIDDEN, hidden=True),
+    Check("test_hidden_memory_communication", 1, check_memory_and_communication, NAMES, _HIDDEN, hidden=True),
+)
