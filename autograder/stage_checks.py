@@ -153,8 +153,8 @@ class StageExercise:
         return f"{self.judge_communication(observation, world_sizes)}; and {memory}"
 
     def checks(self) -> tuple[Check, ...]:
-        """The five checks of the exercise, 2 points each: three visible on 2 and 4 ranks, two hidden on 3, 5
-        and 7 ranks (where the layers need padding)."""
+        """The five checks of the exercise, 2 points each: three visible on 2 and 3 ranks, two hidden on 5 and 7
+        (3, 5 and 7 need padding). Exercises with checks of their own list them (`check_with`)."""
         visible, hidden = {"world_sizes": VISIBLE_WORLD_SIZES}, {"world_sizes": HIDDEN_WORLD_SIZES}
         return (
             Check("test_training", 2, self.check_training, self.names, visible),

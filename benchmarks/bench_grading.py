@@ -1,6 +1,6 @@
-"""How long grading takes: each exercise, one complete submission (all five), and a batch of them.
+"""How long grading takes: each exercise, one complete submission (every notebook), and a batch of them.
 
-Builds a class of `--students` students, each handing in the five solution notebooks in nbgrader's
+Builds a class of `--students` students, each handing in every solution notebook in nbgrader's
 `submitted/<student>/<assignment>/<assignment>.ipynb` layout, and grades it with
 `python -m autograder grade`, exactly as an instructor would: every notebook in its own child process,
 with the default time and memory limits. First grades one submission notebook by notebook, to show
@@ -56,7 +56,7 @@ def main() -> None:
             one += seconds
             points, max_points = total(results)
             print(f"  {assignment:<36} {seconds:6.1f} s   {points:g}/{max_points:g} points")
-        print(f"  {'all five':<36} {one:6.1f} s   (target < {TARGET_SECONDS:g} s)")
+        print(f"  {'all notebooks':<36} {one:6.1f} s   (target < {TARGET_SECONDS:g} s)")
 
         grades = Path(tmp) / "grades.csv"
         started = time.perf_counter()
