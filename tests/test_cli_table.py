@@ -78,6 +78,40 @@ def test_table_writes_json_in_bytes(tmp_path, capsys) -> None:
     assert [row["comm_psi_paper"] for row in data["stages"]] == [2, 2, 2, 3]
 
 
+def test_table_adds_link_columns_only_when_asked(capsys) -> None:
+    _, out, _ = run_cli(["table", "--params", "7.5B", "--gpus", "64"], capsys)
+    assert "inter-node" not in out
+    _, out, _ = run_cli(["table", "--params", "7.5B", "--gpus", "64", "--gpus-per-node", "8"], capsys)
+    assert "8 nodes of 8 GPUs, collectives one flat ring" in out
+    zero0 = stage_line(out, 0, "Communication")
+    assert zero0.split()[-3:] == ["1.7227Ψ", "0.2461Ψ", "1.9688Ψ"], "63/64·2Ψ: 7/8 inside, 1/8 across, all on one GPU"
+
+
+def test_table_hierarchical_sends_2_m_minus_1_over_m_of_psi_over_g_across(capsys) -> None:
+    argv = ["table", "--params", "7.5B", "--gpus", "64", "--gpus-per-node", "8", "--collectives", "hierarchical"]
+    _, out, _ = run_cli(argv, capsys)
+    assert stage_line(out, 0, "Communication").split()[-3:] == ["1.7500Ψ", "0.2188Ψ", "0.2188Ψ"]
+    assert stage_line(out, 3, "Communication").split()[-3:] == ["2.6250Ψ", "0.3281Ψ", "0.3281Ψ"]
+
+
+@pytest.mark.parametrize("collectives", ["ring", "hierarchical"])
+def test_table_json_splits_each_stages_traffic_by_link(tmp_path, capsys, collectives) -> None:
+    path = tmp_path / "links.json"
+    argv = ["table", "--params", "7.5B", "--gpus", "64", "--gpus-per-node", "8", "--collectives", collectives]
+    code, _, _ = run_cli([*argv, "--json", str(path)], capsys)
+    data = json.loads(path.read_text())
+    assert code == 0 and (data["gpus_per_node"], data["nodes"], data["collectives"]) == (8, 8, collectives)
+    for row in data["stages"]:
+        assert row["comm_psi_intra_node"] + row["comm_psi_inter_node"] == pytest.approx(row["comm_psi_ring"])
+        assert row["comm_bytes_inter_node"] == pytest.approx(2 * row["comm_elements_inter_node"])
+    zero0 = data["stages"][0]
+    if collectives == "ring":
+        assert zero0["comm_bytes_inter_node_max"] == pytest.approx(zero0["comm_bytes_ring"])
+        assert zero0["comm_psi_inter_node"] == pytest.approx(2 * 63 / 64 / 8)
+    else:
+        assert zero0["comm_psi_inter_node"] == zero0["comm_psi_inter_node_max"] == pytest.approx(2 * 7 / 8 / 8)
+
+
 def test_plan_finds_the_smallest_gpu_count_per_stage_for_13b_on_80gb(capsys) -> None:
     code, out, err = run_cli(["plan", "--params", "13B", "--gpu-memory", "80GB"], capsys)
     assert code == 0 and err == ""
@@ -110,6 +144,10 @@ def test_plan_writes_json(tmp_path, capsys) -> None:
         (["table", "--params", "7.5B", "--gpus", "64", "--bandwidth=-5GB/s"], "negative"),
         (["table", "--params", "7.5B", "--gpus", "64", "--latency=-1us"], "--latency"),
         (["table", "--params", "7.5B", "--gpus", "64", "--json", "/no/such/folder/t.json"], "--json"),
+        (["table", "--params", "7.5B", "--gpus", "64", "--gpus-per-node", "7"], "--gpus-per-node"),
+        (["table", "--params", "7.5B", "--gpus", "64", "--gpus-per-node=-8"], "--gpus-per-node"),
+        (["table", "--params", "7.5B", "--gpus", "64", "--gpus-per-node", "eight"], "--gpus-per-node"),
+        (["table", "--params", "7.5B", "--gpus", "64", "--collectives", "tree"], "--collectives"),
         (["table", "--gpus", "64"], "--params"),
         (["plan", "--params", "13B", "--gpu-memory", "lots"], "--gpu-memory"),
         (["plan", "--params", "0", "--gpu-memory", "80GB"], "--params"),

@@ -20,7 +20,10 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    from zero_core.topology import LinkTraffic, Topology
 
 ALL_REDUCE = "all_reduce"
 REDUCE_SCATTER = "reduce_scatter"
@@ -219,6 +222,42 @@ class CommLedger:
 
     def steps(self) -> list[int]:
         return sorted({e.step for ledger in self.ranks for e in ledger.entries})
+
+    def link_traffic(
+        self,
+        topology: Topology,
+        algorithm: str = "ring",
+        *,
+        step: int | None = None,
+        exclude_tags: tuple[str, ...] = (),
+        in_elements: bool = False,
+    ) -> list[LinkTraffic]:
+        """Per rank, its collectives' bytes (or elements) inside its node and across nodes.
+
+        Recomputed from each entry's op, size and rank under `algorithm` (`zero_core.topology`): the ledger
+        records what ran, the topology says which links it would take. A broadcast's source is the rank
+        that received nothing at the same place in its ledger (every rank calls the same collectives).
+        """
+        from zero_core.topology import LinkTraffic, link_bytes  # topology builds on this module's ring model
+
+        if topology.world_size != self.world_size:
+            raise ValueError(f"the topology has {topology.world_size} ranks, the ledger {self.world_size}")
+        totals = []
+        for rank in range(self.world_size):
+            total = LinkTraffic()
+            for e in self.entries(rank, step=step, exclude_tags=exclude_tags):
+                src = self._broadcast_source(e.seq) if e.op == BROADCAST else 0
+                link = link_bytes(e.op, e.elements * e.element_size, e.element_size, topology, rank, algorithm, src)
+                total += link.scaled(1 / e.element_size) if in_elements else link
+            totals.append(total)
+        return totals
+
+    def _broadcast_source(self, seq: int) -> int:
+        for rank, ledger in enumerate(self.ranks):
+            entry = ledger.entries[seq] if seq < len(ledger.entries) else None
+            if entry is not None and entry.op == BROADCAST and entry.bytes_received == 0:
+                return rank
+        return 0
 
 
 def alpha_beta_seconds(

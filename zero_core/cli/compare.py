@@ -1,7 +1,9 @@
 """`python -m zero_core compare`: train the four stages on the virtual cluster and compare them.
 
 Prints the model-states table (memory per GPU against the paper's formula, traffic per step), the
-equivalence table (every stage against ZeRO-0), the compute table and the memory breakdown.
+equivalence table (every stage against ZeRO-0), the compute table and the memory breakdown. With
+`--gpus-per-node G` (nodes of G consecutive ranks) or `--collectives hierarchical`, the traffic also splits
+into intra-node and inter-node bytes (`zero_core.topology`), recomputed from the ledger of what ran.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from zero_core.cluster import MAX_WORLD_SIZE
 from zero_core.experiment import Equivalence, StageReport, compare_stages, equivalence
 from zero_core.model import PRESETS, count_parameters, preset
 from zero_core.stages import TrainConfig
-from zero_core.stages.base import ZERO1_GRAD_SYNCS
+from zero_core.stages.base import OVERFLOW_TAG, ZERO1_GRAD_SYNCS
+from zero_core.topology import ALGORITHMS, RING, Topology
 from zero_core.trace import write_trace
 
 PARTITIONED = {0: "nothing", 1: "optimizer states", 2: "+ gradients", 3: "+ parameters"}
@@ -42,11 +45,62 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         choices=ZERO1_GRAD_SYNCS,
         help="ZeRO-1 gradient sync: the paper's reduce-scatter or DeepSpeed's all-reduce",
     )
+    add_topology_arguments(p, "--world-size")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", metavar="PATH", help="also write every measurement as JSON (schema in README)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--plots", metavar="DIR", help="also write the figures as PNGs into DIR (created if missing)")
     p.add_argument("--trace", metavar="PATH", help="also write the last step as a Chrome trace (open in Perfetto)")
+
+
+def add_topology_arguments(p: argparse.ArgumentParser, world_option: str) -> None:
+    """--gpus-per-node and --collectives, shared with `table`."""
+    p.add_argument(
+        "--gpus-per-node",
+        type=int,
+        metavar="G",
+        help=f"GPUs per node (ranks r·G..r·G+G-1 share a node); must divide {world_option} (default: one node)",
+    )
+    p.add_argument(
+        "--collectives",
+        default=RING,
+        choices=ALGORITHMS,
+        help="how collectives cross nodes: NCCL's flat ring, or hierarchical (inside nodes, then across) "
+        "(default ring)",
+    )
+
+
+def topology_of(args: argparse.Namespace, world_size: int, world_option: str) -> Topology:
+    """The nodes `--gpus-per-node` asks for; all ranks on one node when it is not given."""
+    gpus_per_node = world_size if args.gpus_per_node is None else args.gpus_per_node
+    try:
+        return Topology(world_size, gpus_per_node)
+    except ValueError as error:
+        raise UsageError(f"--gpus-per-node {gpus_per_node} with {world_option} {world_size}: {error}") from None
+
+
+def links_asked(args: argparse.Namespace) -> bool:
+    """Intra-/inter-node columns show when asked for, so the default tables stay as they were."""
+    return args.gpus_per_node is not None or args.collectives != RING
+
+
+def link_summary(report: StageReport, topology: Topology, algorithm: str) -> dict:
+    """The last step's traffic per GPU by link class (overflow flag excluded, as in `comm_psi_per_step`)."""
+    if report.ledger is None:
+        return {}
+    step, skip = report.steps - 1, (OVERFLOW_TAG,)
+    traffic = report.ledger.link_traffic(topology, algorithm, step=step, exclude_tags=skip)
+    elements = report.ledger.link_traffic(topology, algorithm, step=step, exclude_tags=skip, in_elements=True)
+    n, psi = report.world_size, report.psi
+    return {
+        "comm_intra_node_bytes_per_step_mean": sum(t.intra_node_sent for t in traffic) / n,
+        "comm_inter_node_bytes_per_step_mean": sum(t.inter_node_sent for t in traffic) / n,
+        "comm_inter_node_bytes_per_step_max": max(t.inter_node_sent for t in traffic),
+        "comm_intra_node_psi_per_step": sum(e.intra_node_sent for e in elements) / n / psi,
+        "comm_inter_node_psi_per_step": sum(e.inter_node_sent for e in elements) / n / psi,
+        "comm_inter_node_psi_per_step_max": max(e.inter_node_sent for e in elements) / psi,
+        "link_bytes_per_step_by_rank": [t.to_dict() for t in traffic],
+    }
 
 
 def parse_stages(text: str) -> list[int]:
@@ -80,6 +134,7 @@ def check(args: argparse.Namespace) -> list[int]:
 
 def run(args: argparse.Namespace) -> int:
     stages = check(args)
+    topology = topology_of(args, args.world_size, "--world-size")
     model = preset(args.preset)
     config = TrainConfig(model=model, precision=args.precision, seed=args.seed, zero1_grad_sync=args.zero1_grad_sync)
     psi = count_parameters(model)
@@ -99,9 +154,10 @@ def run(args: argparse.Namespace) -> int:
     reference = next((r for r in reports if r.stage == 0), reports[0])
     equivalences = [equivalence(reference, r) for r in reports]
     print()
-    print(render(reports, equivalences, reference))
+    links = [link_summary(r, topology, args.collectives) for r in reports] if links_asked(args) else None
+    print(render(reports, equivalences, reference, links=links, topology=topology, algorithm=args.collectives))
     if args.json:
-        write_json(Path(args.json), args, psi, reports, equivalences)
+        write_json(Path(args.json), args, psi, reports, equivalences, topology=topology, algorithm=args.collectives)
         print(f"\nwrote {args.json}")
     if args.plots:
         from zero_core.plots import save_all  # matplotlib loads only when figures are asked for
@@ -113,36 +169,54 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def render(reports: list[StageReport], equivalences: list[Equivalence], reference: StageReport) -> str:
+def render(
+    reports: list[StageReport],
+    equivalences: list[Equivalence],
+    reference: StageReport,
+    *,
+    links: list[dict] | None = None,
+    topology: Topology | None = None,
+    algorithm: str = RING,
+) -> str:
+    """The four tables; `links` (from `link_summary`, one per report) adds intra-/inter-node columns."""
     psi = reports[0].psi
-    states = table(
+    title = "Model states per GPU (mean over ranks; padding reported apart) and traffic per GPU per step"
+    headers = [
+        "stage",
+        "partitioned",
+        "measured/GPU",
+        "formula",
+        "formula bytes",
+        "ratio",
+        "comm/step/GPU",
+        "formula",
+        "collectives/step",
+    ]
+    rows = [
         [
-            "stage",
-            "partitioned",
-            "measured/GPU",
-            "formula",
-            "formula bytes",
-            "ratio",
-            "comm/step/GPU",
-            "formula",
-            "collectives/step",
-        ],
-        [
-            [
-                f"ZeRO-{r.stage}",
-                PARTITIONED[r.stage],
-                f"{mb(r.model_state_bytes_mean)} ({r.model_state_bytes_mean / psi:.2f}Ψ)",
-                FORMULA[r.stage],
-                mb(r.formula_bytes),
-                f"{r.formula_ratio:.4f}",
-                f"{r.comm_psi_per_step:.4f}Ψ",
-                f"{r.comm_formula_psi:.4f}Ψ",
-                str(r.collectives_per_step),
+            f"ZeRO-{r.stage}",
+            PARTITIONED[r.stage],
+            f"{mb(r.model_state_bytes_mean)} ({r.model_state_bytes_mean / psi:.2f}Ψ)",
+            FORMULA[r.stage],
+            mb(r.formula_bytes),
+            f"{r.formula_ratio:.4f}",
+            f"{r.comm_psi_per_step:.4f}Ψ",
+            f"{r.comm_formula_psi:.4f}Ψ",
+            str(r.collectives_per_step),
+        ]
+        for r in reports
+    ]
+    if links is not None:
+        topology = topology or Topology.single_node(reports[0].world_size)
+        title += f"\n{link_title(topology, algorithm)}"
+        headers += ["intra-node", "inter-node", "inter-node, busiest GPU"]
+        for row, link in zip(rows, links, strict=True):
+            row += [
+                f"{link['comm_intra_node_psi_per_step']:.4f}Ψ",
+                f"{link['comm_inter_node_psi_per_step']:.4f}Ψ",
+                f"{link['comm_inter_node_psi_per_step_max']:.4f}Ψ",
             ]
-            for r in reports
-        ],
-        title="Model states per GPU (mean over ranks; padding reported apart) and traffic per GPU per step",
-    )
+    states = table(headers, rows, title=title)
     same = table(
         [
             "stage",
@@ -222,10 +296,26 @@ def render(reports: list[StageReport], equivalences: list[Equivalence], referenc
     return "\n\n".join([states, same, compute, breakdown])
 
 
+def link_title(topology: Topology, algorithm: str) -> str:
+    how = "one flat ring" if algorithm == RING else "hierarchical (in the node, then across nodes)"
+    return (
+        f"by link: {topology.nodes} node{'' if topology.nodes == 1 else 's'} of {topology.gpus_per_node} GPUs, "
+        f"collectives {how}; intra-/inter-node: mean over GPUs"
+    )
+
+
 def write_json(
-    path: Path, args: argparse.Namespace, psi: int, reports: list[StageReport], equivalences: list[Equivalence]
+    path: Path,
+    args: argparse.Namespace,
+    psi: int,
+    reports: list[StageReport],
+    equivalences: list[Equivalence],
+    *,
+    topology: Topology | None = None,
+    algorithm: str = RING,
 ) -> None:
-    """Write atomically: a reader never sees half a file."""
+    """Write atomically: a reader never sees half a file. Without a topology, all ranks are on one node."""
+    topology = topology or Topology.single_node(args.world_size)
     data = {
         "schema": "zero-course/compare/1",
         "world_size": args.world_size,
@@ -234,7 +324,10 @@ def write_json(
         "precision": args.precision,
         "zero1_grad_sync": args.zero1_grad_sync,
         "psi": psi,
-        "stages": [r.to_dict() for r in reports],
+        "gpus_per_node": topology.gpus_per_node,
+        "nodes": topology.nodes,
+        "collectives": algorithm,
+        "stages": [{**r.to_dict(), **link_summary(r, topology, algorithm)} for r in reports],
         "equivalence": [
             {
                 "stage": e.stage,

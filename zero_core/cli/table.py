@@ -2,7 +2,9 @@
 
 For each stage: model-state memory per GPU (ZeRO §5, Figure 1) and whether it fits the GPU; bytes each
 GPU sends per step, on a ring (exact) and as the paper counts them for large N (2Ψ, 2Ψ, 2Ψ, 3Ψ, ZeRO §7),
-and how long that takes on the link; then DeepSpeed's own estimators beside the paper's formulas.
+and how long that takes on the link; with `--gpus-per-node` or `--collectives`, how much of it stays inside
+a node and how much crosses between nodes (`zero_core.topology`'s closed forms); then DeepSpeed's own
+estimators beside the paper's formulas.
 Nothing is trained: this is `zero_core.formulas` with human units in and out.
 """
 
@@ -18,13 +20,14 @@ from typing import Any
 
 from zero_core import formulas
 from zero_core.cli.compare import FORMULA as MEMORY_FORMULA
-from zero_core.cli.compare import PARTITIONED
+from zero_core.cli.compare import PARTITIONED, add_topology_arguments, link_title, links_asked, topology_of
 from zero_core.cli.errors import UsageError
 from zero_core.cli.render import table
 from zero_core.deepspeed_estimators import (
     estimate_zero2_model_states_mem_needs,
     estimate_zero3_model_states_mem_needs,
 )
+from zero_core.topology import RING, Topology, pass_split
 from zero_core.units import GB, GiB, format_count, format_seconds, parse_bandwidth, parse_bytes, parse_count
 
 PAPER_PASSES = {0: 2, 1: 2, 2: 2, 3: 3}
@@ -121,6 +124,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         type=units_argument(parse_count),
         help="parameters of the largest layer, for DeepSpeed's ZeRO-3 estimate (default: left out)",
     )
+    add_topology_arguments(p, "--gpus")
     p.add_argument("--json", metavar="PATH", help="also write the numbers as JSON")
 
 
@@ -150,8 +154,21 @@ def ring_messages_per_step(stage: int, n_gpus: int) -> int:
     return PAPER_PASSES[stage] * (n_gpus - 1)
 
 
-def stage_rows(psi: int, n_gpus: int, gpu_memory: int, bandwidth: float, latency: float) -> list[dict[str, Any]]:
-    """The numbers of the table, one dict per stage, in bytes, elements and seconds."""
+def stage_rows(
+    psi: int,
+    n_gpus: int,
+    gpu_memory: int,
+    bandwidth: float,
+    latency: float,
+    topology: Topology | None = None,
+    algorithm: str = RING,
+) -> list[dict[str, Any]]:
+    """The numbers of the table, one dict per stage, in bytes, elements and seconds.
+
+    The link split counts each pass over the model (PAPER_PASSES) as one reduce-scatter or all-gather of
+    Ψ elements on `topology` (default: one node), with `zero_core.topology.pass_split`'s closed forms.
+    """
+    split = pass_split(psi, topology or Topology.single_node(n_gpus), algorithm)
     rows = []
     for stage in formulas.STAGES:
         memory_bytes = formulas.model_state_bytes(stage, psi, n_gpus)
@@ -174,9 +191,23 @@ def stage_rows(psi: int, n_gpus: int, gpu_memory: int, bandwidth: float, latency
                     ring_elements * BYTES_PER_ELEMENT, bandwidth, latency, messages
                 ),
                 "comm_seconds_paper": formulas.comm_seconds(paper_elements * BYTES_PER_ELEMENT, bandwidth),
+                **link_fields(PAPER_PASSES[stage], split, psi),
             }
         )
     return rows
+
+
+def link_fields(passes: int, split: Any, psi: int) -> dict[str, float]:
+    """Elements, bytes and Ψ-multiples sent per GPU per step inside its node and across nodes."""
+    elements = {
+        "intra_node": passes * split.intra_node_mean,
+        "inter_node": passes * split.inter_node_mean,
+        "inter_node_max": passes * split.inter_node_max,
+    }
+    fields: dict[str, float] = {}
+    for unit, scale in (("elements", 1), ("bytes", BYTES_PER_ELEMENT)):
+        fields |= {f"comm_{unit}_{link}": value * scale for link, value in elements.items()}
+    return fields | {f"comm_psi_{link}": value / psi for link, value in elements.items()}
 
 
 def deepspeed_rows(psi: int, n_gpus: int, largest_layer: int | None) -> list[dict[str, Any]]:
@@ -210,9 +241,10 @@ def run(args: argparse.Namespace) -> int:
     gpu_memory = gpu_memory_argument(args.gpu_memory)
     json_path = check_json_path(args.json)
     psi, n_gpus, unit = args.params, args.gpus, display_unit(args.gpu_memory)
-    rows = stage_rows(psi, n_gpus, gpu_memory, args.bandwidth, args.latency)
+    topology = topology_of(args, n_gpus, "--gpus")
+    rows = stage_rows(psi, n_gpus, gpu_memory, args.bandwidth, args.latency, topology, args.collectives)
     ds_rows = deepspeed_rows(psi, n_gpus, args.largest_layer)
-    print(render(args, psi, n_gpus, gpu_memory, unit, rows, ds_rows))
+    print(render(args, psi, n_gpus, gpu_memory, unit, rows, ds_rows, topology))
     if json_path is not None:
         write_json(
             json_path,
@@ -223,6 +255,9 @@ def run(args: argparse.Namespace) -> int:
                 "gpu_memory_bytes": gpu_memory,
                 "bandwidth_bytes_per_s": args.bandwidth,
                 "latency_s": args.latency,
+                "gpus_per_node": topology.gpus_per_node,
+                "nodes": topology.nodes,
+                "collectives": args.collectives,
                 "bytes_per_element": BYTES_PER_ELEMENT,
                 "model_states_only": True,
                 "stages": rows,
@@ -241,6 +276,7 @@ def render(
     unit: str,
     rows: list[dict[str, Any]],
     ds_rows: list[dict[str, Any]],
+    topology: Topology | None = None,
 ) -> str:
     memory_label = show_size(gpu_memory, unit)
     bandwidth_label = show_size(args.bandwidth, "GB") + "/s"
@@ -270,26 +306,34 @@ def render(
         if args.latency
         else ""
     )
-    comm = table(
-        ["stage", "ring (exact)", "elements", "bytes", "time", "paper (N → ∞)", "elements", "bytes", "time"],
+    headers = ["stage", "ring (exact)", "elements", "bytes", "time", "paper (N → ∞)", "elements", "bytes", "time"]
+    comm_rows = [
         [
-            [
-                f"ZeRO-{r['stage']}",
-                f"{r['comm_psi_ring']:.4f}Ψ",
-                format_count(r["comm_elements_ring"]),
-                show_bytes(r["comm_bytes_ring"], unit),
-                format_seconds(r["comm_seconds_ring"]),
-                f"{r['comm_psi_paper']:g}Ψ",
-                format_count(r["comm_elements_paper"]),
-                show_bytes(r["comm_bytes_paper"], unit),
-                format_seconds(r["comm_seconds_paper"]),
-            ]
-            for r in rows
-        ],
+            f"ZeRO-{r['stage']}",
+            f"{r['comm_psi_ring']:.4f}Ψ",
+            format_count(r["comm_elements_ring"]),
+            show_bytes(r["comm_bytes_ring"], unit),
+            format_seconds(r["comm_seconds_ring"]),
+            f"{r['comm_psi_paper']:g}Ψ",
+            format_count(r["comm_elements_paper"]),
+            show_bytes(r["comm_bytes_paper"], unit),
+            format_seconds(r["comm_seconds_paper"]),
+        ]
+        for r in rows
+    ]
+    link_note = ""
+    if links_asked(args):
+        link_note = f"\n{link_title(topology or Topology.single_node(n_gpus), args.collectives)}"
+        headers += ["intra-node", "inter-node", "inter-node, busiest GPU"]
+        for row, r in zip(comm_rows, rows, strict=True):
+            row += [f"{r[f'comm_psi_{link}']:.4f}Ψ" for link in ("intra_node", "inter_node", "inter_node_max")]
+    comm = table(
+        headers,
+        comm_rows,
         title=(
             f"Communication sent per GPU per step (ZeRO §7), and its time at {bandwidth_label}\n"
             f"fp16, 2 bytes per element; a ring sends (N-1)/N of the buffer per pass, the paper counts N → ∞"
-            f"{latency_note}"
+            f"{latency_note}{link_note}"
         ),
     )
     deepspeed = table(
