@@ -12,6 +12,8 @@ The cluster never hangs on a mistake:
 - a rank that returns while others wait for it in a collective raises `CollectiveDeadlock` at once;
 - a collective that does not complete within `timeout_s` raises `CollectiveTimeout`, which says what
   every rank was doing;
+- each of these is detected per process group: a collective with `group=` (`dist.new_group`) meets only
+  the group's ranks, numbered in their own sequence, and the errors name the group;
 - after any failure, ranks still running are stopped (a Python-level loop is interrupted), and the
   cluster is ready for the next `run`.
 
@@ -85,7 +87,9 @@ class RankAborted(BaseException):
 class CollectiveCall:
     """What a rank asked for: ranks must agree on everything here except `tag` and `seq`.
 
-    `VirtualCluster.arrive` stamps `seq`, the call's position in the rank's sequence of collectives.
+    `group` is the sorted global ranks of the process group the collective runs in, empty for every rank.
+    `VirtualCluster.arrive` stamps `seq`, the call's position in the rank's sequence of collectives in
+    that group: each group numbers its own, as each torch.distributed process group does.
     """
 
     op: str
@@ -96,6 +100,7 @@ class CollectiveCall:
     src: int = -1
     tag: str = ""
     seq: int = -1
+    group: tuple[int, ...] = ()
 
     def signature(self) -> tuple:
         return (self.op, self.dtype, self.input_shape, self.output_shape, self.reduce_op, self.src)
@@ -112,6 +117,8 @@ class CollectiveCall:
             parts.append(f"op={self.reduce_op}")
         if self.src >= 0:
             parts.append(f"src={self.src}")
+        if self.group:
+            parts.append(f"in group {list(self.group)}")
         return " ".join(parts)
 
 
@@ -141,11 +148,15 @@ def _older_objects_frozen() -> Iterator[None]:
 
 
 class _Rendezvous:
-    """The meeting point of one collective: who arrived with what, and the combined result."""
+    """The meeting point of one collective: who arrived with what, and the combined result.
 
-    def __init__(self, world_size: int) -> None:
-        self.calls: list[CollectiveCall | None] = [None] * world_size
-        self.payloads: list[Any] = [None] * world_size
+    `members` are the global ranks that take part, in group order; `calls` and `payloads` follow that order.
+    """
+
+    def __init__(self, members: range | tuple[int, ...]) -> None:
+        self.members = members
+        self.calls: list[CollectiveCall | None] = [None] * len(members)
+        self.payloads: list[Any] = [None] * len(members)
         self.arrived = 0
         self.first_rank = -1
         self.signature: tuple = ()
@@ -198,8 +209,10 @@ class VirtualCluster:
         n = self.world_size
         self.ledger = CommLedger(n)
         self.trackers = [MemoryTracker(r, record_timeline=self.record_timeline) for r in range(n)]
-        self._pending: dict[int, _Rendezvous] = {}
-        self._next_seq = [0] * n
+        self._pending: dict[tuple[tuple[int, ...], int], _Rendezvous] = {}
+        self._next_seq: list[dict[tuple[int, ...], int]] = [{} for _ in range(n)]
+        """Per rank, per group (`()`: every rank), the position of its next collective in that group."""
+        self._calls_made = [0] * n
         self._waiting: list[CollectiveCall | None] = [None] * n
         self._finished = [False] * n
         self._finished_count = 0
@@ -323,7 +336,7 @@ class VirtualCluster:
         lines = []
         for rank in range(self.world_size):
             call = self._waiting[rank]
-            done = self._next_seq[rank]
+            done = self._calls_made[rank]
             if call is not None:
                 lines.append(f"  rank {rank}: waiting in {call.describe()}")
             elif rank in self._ready:
@@ -411,40 +424,46 @@ class VirtualCluster:
     def arrive(self, rank: int, call: CollectiveCall, payload: Any, combine: Callable[[list[Any]], Any]) -> _Rendezvous:
         """Hand `payload` to the collective `call`; the last rank to arrive runs `combine` once.
 
-        `combine` gets the payloads in rank order, and its return value is the collective's result,
+        The collective meets the ranks of `call.group` (every rank when it is empty). `combine` gets the
+        payloads in rank order (group order in a group), and its return value is the collective's result,
         which `result` hands out. Arriving never waits: a blocking collective calls `result` at once,
         an `async_op=True` one when its `Work` is waited on. Until then the rank runs its own code, and
         must leave its payload as it is.
         """
         with self._lock:
             self._raise_if_failed()
-            seq = self._next_seq[rank]
-            self._next_seq[rank] += 1
+            group = call.group
+            seqs = self._next_seq[rank]
+            seq = seqs.get(group, 0)
+            seqs[group] = seq + 1
+            self._calls_made[rank] += 1
             call.seq = seq
-            meeting = self._pending.get(seq)
+            meeting = self._pending.get((group, seq))
             if meeting is None:
-                meeting = self._pending[seq] = _Rendezvous(self.world_size)
+                meeting = self._pending[group, seq] = _Rendezvous(group or range(self.world_size))
             if meeting.first_rank >= 0:
                 if meeting.signature != call.signature():
-                    first = meeting.calls[meeting.first_rank]
+                    first = meeting.calls[meeting.members.index(meeting.first_rank)]
+                    where = f" in group {list(group)}" if group else ""
                     raise CollectiveMismatch(
-                        f"collective mismatch at position #{seq}: rank {rank} called {call.describe()}, "
+                        f"collective mismatch at position #{seq}{where}: rank {rank} called {call.describe()}, "
                         f"but rank {meeting.first_rank} called {first.describe()}. Every rank must call the "
                         "same collectives, in the same order, with the same shapes and dtypes."
                     )
             else:
                 meeting.first_rank = rank
                 meeting.signature = call.signature()
-            meeting.calls[rank] = call
-            meeting.payloads[rank] = payload
+            index = group.index(rank) if group else rank
+            meeting.calls[index] = call
+            meeting.payloads[index] = payload
             meeting.arrived += 1
             self._raise_if_deadlocked(meeting, call)
-            if meeting.arrived == self.world_size:
+            if meeting.arrived == len(meeting.members):
                 meeting.result = _combine_outside_dispatch_modes(combine, meeting.payloads)
                 meeting.payloads = []
                 meeting.done = True
                 meeting.done_at = time.monotonic()
-                del self._pending[seq]
+                del self._pending[group, seq]
                 for waiter in meeting.waiters:
                     self._waiting[waiter] = None
                     self._grant_slot(waiter)
@@ -462,7 +481,7 @@ class VirtualCluster:
             if meeting.done:
                 return meeting.result
             meeting.waiters.append(rank)
-            self._waiting[rank] = meeting.calls[rank]
+            self._waiting[rank] = meeting.calls[meeting.members.index(rank)]
             self._park(rank)
             self._pass_slot(rank)
         self._wait_for_turn(rank, meeting)
@@ -475,20 +494,20 @@ class VirtualCluster:
     def _fail_if_deadlocked_by(self, rank: int) -> None:
         """`rank` just finished: any collective that other ranks wait in without it can never complete."""
         for meeting in self._pending.values():
-            if meeting.calls[rank] is None and meeting.arrived:
-                call = meeting.calls[meeting.first_rank]
+            if rank in meeting.members and meeting.calls[meeting.members.index(rank)] is None and meeting.arrived:
+                call = meeting.calls[meeting.members.index(meeting.first_rank)]
                 self._fail(-1, self._deadlock(rank, meeting, call))
                 return
 
     def _raise_if_deadlocked(self, meeting: _Rendezvous, call: CollectiveCall) -> None:
         if not self._finished_count:
             return
-        missing = [r for r in range(self.world_size) if self._finished[r] and meeting.calls[r] is None]
+        missing = [r for i, r in enumerate(meeting.members) if self._finished[r] and meeting.calls[i] is None]
         if missing:
             raise self._deadlock(missing[0], meeting, call)
 
     def _deadlock(self, missing: int, meeting: _Rendezvous, call: CollectiveCall) -> CollectiveDeadlock:
-        waiting = [r for r in range(self.world_size) if meeting.calls[r] is not None]
+        waiting = [r for i, r in enumerate(meeting.members) if meeting.calls[i] is not None]
         return CollectiveDeadlock(
             f"rank {missing} returned without calling {call.describe()}, which rank(s) {waiting} are "
             "waiting in. Every rank must call the same collectives; look for a collective inside an "

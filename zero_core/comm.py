@@ -14,6 +14,9 @@ Ring model, per rank r, for a full buffer of S bytes split into N chunks (chunk 
 - broadcast: a pipelined ring from `src`: every rank but the last in the chain sends S, every rank but
   `src` receives S.
 These are NCCL's bus-bandwidth factors (nccl-tests, PERFORMANCE.md): 2(N-1)/N, (N-1)/N, (N-1)/N, 1.
+
+A collective in a process group (`dist.new_group`) is a ring over the group's ranks alone: N is the
+group's size and r the rank's index in the group (its ranks sorted, as torch.distributed numbers them).
 """
 
 from __future__ import annotations
@@ -85,7 +88,9 @@ class CommEntry(NamedTuple):
     began at `wait_started_s` and took `waited_s` of the `seconds` (zero for a blocking collective).
     Between the two the rank ran its own code: the collective was in flight, but not holding it up.
     `issuer` is "file:function" of the code that called the collective, when the rank asked for it
-    (`dist.RECORD_ISSUERS`; the grader does), else empty.
+    (`dist.RECORD_ISSUERS`; the grader does), else empty. `group` is the global ranks of the process group
+    the collective ran in (empty: every rank), whose size and this rank's index in it the ring bytes use;
+    `src` is a broadcast's source, a global rank.
     """
 
     seq: int
@@ -103,6 +108,8 @@ class CommEntry(NamedTuple):
     wait_started_s: float = 0.0
     waited_s: float = 0.0
     issuer: str = ""
+    group: tuple[int, ...] = ()
+    src: int = 0
 
     @property
     def elements_sent(self) -> float:
@@ -131,8 +138,14 @@ class RankLedger:
         src: int = 0,
         started_s: float = 0.0,
         issuer: str = "",
+        group: tuple[int, ...] = (),
     ) -> CommEntry:
-        sent, received = ring_bytes(op, full_bytes, element_size, self.world_size, self.rank, src)
+        """`src`, a broadcast's source, and `group` (empty: every rank) are global ranks."""
+        if group:
+            src_index = group.index(src) if op == BROADCAST else 0
+            sent, received = ring_bytes(op, full_bytes, element_size, len(group), group.index(self.rank), src_index)
+        else:
+            sent, received = ring_bytes(op, full_bytes, element_size, self.world_size, self.rank, src)
         entry = CommEntry(
             len(self.entries),
             op,
@@ -147,6 +160,8 @@ class RankLedger:
             seconds,
             started_s,
             issuer=issuer,
+            group=group,
+            src=src,
         )
         self.entries.append(entry)
         return entry
@@ -234,9 +249,8 @@ class CommLedger:
     ) -> list[LinkTraffic]:
         """Per rank, its collectives' bytes (or elements) inside its node and across nodes.
 
-        Recomputed from each entry's op, size and rank under `algorithm` (`zero_core.topology`): the ledger
-        records what ran, the topology says which links it would take. A broadcast's source is the rank
-        that received nothing at the same place in its ledger (every rank calls the same collectives).
+        Recomputed from each entry's op, size, rank, group and source under `algorithm` (`zero_core.topology`):
+        the ledger records what ran, the topology says which links it would take.
         """
         from zero_core.topology import LinkTraffic, link_bytes  # topology builds on this module's ring model
 
@@ -246,18 +260,11 @@ class CommLedger:
         for rank in range(self.world_size):
             total = LinkTraffic()
             for e in self.entries(rank, step=step, exclude_tags=exclude_tags):
-                src = self._broadcast_source(e.seq) if e.op == BROADCAST else 0
-                link = link_bytes(e.op, e.elements * e.element_size, e.element_size, topology, rank, algorithm, src)
+                full_bytes = e.elements * e.element_size
+                link = link_bytes(e.op, full_bytes, e.element_size, topology, rank, algorithm, e.src, group=e.group)
                 total += link.scaled(1 / e.element_size) if in_elements else link
             totals.append(total)
         return totals
-
-    def _broadcast_source(self, seq: int) -> int:
-        for rank, ledger in enumerate(self.ranks):
-            entry = ledger.entries[seq] if seq < len(ledger.entries) else None
-            if entry is not None and entry.op == BROADCAST and entry.bytes_received == 0:
-                return rank
-        return 0
 
 
 def alpha_beta_seconds(
@@ -266,8 +273,12 @@ def alpha_beta_seconds(
     """Time on the wire for one rank's collectives: latency per ring step plus bytes over bandwidth.
 
     With latency 0 this is NCCL's bus-bandwidth model: a collective on S bytes at bus bandwidth B takes
-    factor·S/B, which is exactly the ring bytes this rank sends over B.
+    factor·S/B, which is exactly the ring bytes this rank sends over B. A group's collective is a ring of
+    the group's size.
     """
     if bandwidth_bytes_per_s <= 0:
         raise ValueError(f"bandwidth must be positive, got {bandwidth_bytes_per_s} bytes/s")
-    return sum(ring_messages(e.op, world_size) * latency_s + e.bytes_sent / bandwidth_bytes_per_s for e in entries)
+    return sum(
+        ring_messages(e.op, len(e.group) or world_size) * latency_s + e.bytes_sent / bandwidth_bytes_per_s
+        for e in entries
+    )

@@ -18,6 +18,18 @@ The backend is the rank's: the virtual cluster's rendezvous (`zero_core.backends
 thread, a `torch.distributed` process group (`zero_core.backends.torch_distributed`) for a process under
 `zero_core.launch`. Checks and ledger live here, above the backend, so both count alike.
 
+Process groups work as in `torch.distributed`: every rank calls `new_group(ranks)` with the same list, in
+the same order, and passes the handle as `group=` to collectives that only the group's ranks call:
+
+    node = dist.new_group([0, 1, 2, 3])        # on every rank, members or not
+    if dist.get_rank() in node.ranks:
+        dist.all_gather_single(full, shard, group=node)
+
+Inside a group, `get_rank(group)` is the rank's index among the group's sorted ranks, `get_world_size(group)`
+the group's size, shapes are checked against that size, results are combined in group order, a broadcast's
+`src` is a global rank (`group_src` the index in the group), and the ledger entry records the group and its
+ring bytes over the group's ranks alone.
+
 Reductions accumulate in fp32 whatever the input dtype, then cast back (on NCCL, in the input's dtype);
 on the virtual cluster in rank order 0, 1, ..., N-1. That makes them deterministic, and makes an
 all-reduce followed by taking a slice bit-for-bit equal to a reduce-scatter: the property that lets
@@ -29,6 +41,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +54,7 @@ from zero_core.comm import RankLedger
 from zero_core.context import RankContext, current, maybe_current
 
 __all__ = [
+    "ProcessGroup",
     "ReduceOp",
     "Work",
     "all_gather_into_tensor",
@@ -51,6 +65,7 @@ __all__ = [
     "get_rank",
     "get_world_size",
     "is_initialized",
+    "new_group",
     "reduce_in_rank_order",
     "reduce_scatter_single",
     "reduce_scatter_tensor",
@@ -83,17 +98,64 @@ class Work:
         return self._finish is None
 
 
+@dataclass(frozen=True)
+class ProcessGroup:
+    """A subset of the ranks that run collectives among themselves: `ranks` are global ranks, sorted (the
+    order torch.distributed numbers a group's ranks in). Made by `new_group`; pass it as `group=`."""
+
+    ranks: tuple[int, ...]
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+    def __str__(self) -> str:
+        return f"group {list(self.ranks)}"
+
+
 def is_initialized() -> bool:
     """True inside a rank (a virtual-cluster thread or a process under zero_core.launch)."""
     return maybe_current() is not None
 
 
+def new_group(ranks: Any = None, **torch_options: Any) -> ProcessGroup:
+    """A process group of `ranks` (every rank when None). Every rank must call it, members or not, with the
+    same ranks and in the same order, as `torch.distributed.new_group` requires: under torchrun the
+    backend makes a real process group here. `torch_options` (timeout, backend, ...) are accepted and ignored."""
+    ctx = current()
+    members = tuple(sorted(range(ctx.world_size) if ranks is None else (int(r) for r in ranks)))
+    if not members or len(set(members)) != len(members) or not 0 <= members[0] <= members[-1] < ctx.world_size:
+        raise ValueError(f"rank {ctx.rank}: new_group needs distinct ranks in 0..{ctx.world_size - 1}, got {ranks!r}")
+    group = ProcessGroup(members)
+    ctx.backend.new_group(members)
+    return group
+
+
+def _members(ctx: RankContext, group: Any, op: str) -> tuple[int, ...]:
+    """The global ranks of `group` (empty: every rank); the calling rank must be one of them."""
+    if group is None or (isinstance(group, ProcessGroup) and group.size == ctx.world_size):
+        return ()
+    if not isinstance(group, ProcessGroup):
+        raise TypeError(f"rank {ctx.rank}: {op} takes a group made by zero_core.dist.new_group, got {group!r}")
+    if ctx.rank not in group.ranks:
+        raise ValueError(
+            f"rank {ctx.rank}: {op} in {group}, which rank {ctx.rank} is not in; only the group's ranks "
+            "call its collectives (guard the call with `if dist.get_rank() in group.ranks`)"
+        )
+    return group.ranks
+
+
 def get_rank(group: Any = None) -> int:
-    return current().rank
+    """This rank's index in `group` (its global rank without one); -1 outside the group, as in torch."""
+    ctx = current()
+    if group is None:
+        return ctx.rank
+    return group.ranks.index(ctx.rank) if ctx.rank in group.ranks else -1
 
 
 def get_world_size(group: Any = None) -> int:
-    return current().world_size
+    """The number of ranks in `group` (every rank without one)."""
+    return current().world_size if group is None else group.size
 
 
 def _reduce_op(op: Any) -> ReduceOp:
@@ -158,6 +220,7 @@ def _run(
         src=src,
         started_s=started,
         issuer=_issuer() if ctx.extra.get(RECORD_ISSUERS) else "",
+        group=call.group,
     )
     return Work(finish, ctx.ledger, entry.seq) if async_op else None
 
@@ -171,11 +234,13 @@ def all_reduce(
 ) -> Work | None:
     """Every rank ends with the reduction of all ranks' `tensor` (in place)."""
     _check_tensor("tensor", "all_reduce", tensor)
+    ctx = current()
+    members = _members(ctx, group, "all_reduce")
     reduce_op = _reduce_op(op)
     shape = tuple(tensor.shape)
-    call = CollectiveCall("all_reduce", _dtype_name(tensor), shape, shape, reduce_op.name, tag=tag or "")
+    call = CollectiveCall("all_reduce", _dtype_name(tensor), shape, shape, reduce_op.name, tag=tag or "", group=members)
     return _run(
-        current(),
+        ctx,
         comm.ALL_REDUCE,
         tag,
         call,
@@ -195,11 +260,13 @@ def reduce_scatter_single(
     *,
     tag: str | None = None,
 ) -> Work | None:
-    """Rank r's `output` becomes chunk r of the reduction of all ranks' `input` (N equal chunks)."""
+    """Rank r's `output` becomes chunk r of the reduction of all ranks' `input` (N equal chunks; in a group,
+    chunk i of the group's reduction goes to its rank i)."""
     _check_tensor("output", "reduce_scatter", output)
     _check_tensor("input", "reduce_scatter", input)
     ctx = current()
-    rank, world_size = ctx.rank, ctx.world_size
+    members = _members(ctx, group, "reduce_scatter")
+    rank, world_size = ctx.rank, len(members) or ctx.world_size
     if input.dtype != output.dtype:
         raise ValueError(
             f"rank {rank}: reduce_scatter input {list(input.shape)} is {input.dtype} but output "
@@ -213,7 +280,13 @@ def reduce_scatter_single(
         )
     reduce_op = _reduce_op(op)
     call = CollectiveCall(
-        "reduce_scatter", _dtype_name(input), tuple(input.shape), tuple(output.shape), reduce_op.name, tag=tag or ""
+        "reduce_scatter",
+        _dtype_name(input),
+        tuple(input.shape),
+        tuple(output.shape),
+        reduce_op.name,
+        tag=tag or "",
+        group=members,
     )
     return _run(
         ctx,
@@ -235,11 +308,12 @@ def all_gather_single(
     *,
     tag: str | None = None,
 ) -> Work | None:
-    """Every rank's `output_tensor` becomes all ranks' `input_tensor`s concatenated in rank order."""
+    """Every rank's `output_tensor` becomes all ranks' `input_tensor`s concatenated in rank order (group order)."""
     _check_tensor("output_tensor", "all_gather", output_tensor)
     _check_tensor("input_tensor", "all_gather", input_tensor)
     ctx = current()
-    rank, world_size = ctx.rank, ctx.world_size
+    members = _members(ctx, group, "all_gather")
+    rank, world_size = ctx.rank, len(members) or ctx.world_size
     if input_tensor.dtype != output_tensor.dtype:
         raise ValueError(
             f"rank {rank}: all_gather input {list(input_tensor.shape)} is {input_tensor.dtype} but output "
@@ -251,7 +325,12 @@ def all_gather_single(
             f"have world_size ({world_size}) x input {list(input_tensor.shape)} ({input_tensor.numel()}) elements"
         )
     call = CollectiveCall(
-        "all_gather", _dtype_name(input_tensor), tuple(input_tensor.shape), tuple(output_tensor.shape), tag=tag or ""
+        "all_gather",
+        _dtype_name(input_tensor),
+        tuple(input_tensor.shape),
+        tuple(output_tensor.shape),
+        tag=tag or "",
+        group=members,
     )
     return _run(
         ctx,
@@ -274,20 +353,26 @@ def broadcast(
     *,
     tag: str | None = None,
 ) -> Work | None:
-    """Every rank's `tensor` becomes rank `src`'s (in place)."""
+    """Every rank's `tensor` becomes rank `src`'s (in place). `src` is a global rank; `group_src` names the
+    source by its index in `group` instead."""
     _check_tensor("tensor", "broadcast", tensor)
-    source = src if src is not None else group_src
-    world_size = get_world_size()
-    if source is None or not 0 <= source < world_size:
-        raise ValueError(f"rank {get_rank()}: broadcast needs src in 0..{world_size - 1}, got {source}")
+    ctx = current()
+    members = _members(ctx, group, "broadcast")
+    ranks = members or range(ctx.world_size)
+    given = src if src is not None else group_src
+    in_group = group_src is not None and src is None and 0 <= group_src < len(ranks)
+    source = ranks[group_src] if in_group else src
+    if source is None or source not in ranks:
+        where = f"one of {list(members)}" if members else f"0..{ctx.world_size - 1}"
+        raise ValueError(f"rank {ctx.rank}: broadcast needs src in {where}, got {given}")
     shape = tuple(tensor.shape)
-    call = CollectiveCall("broadcast", _dtype_name(tensor), shape, shape, src=source, tag=tag or "")
+    call = CollectiveCall("broadcast", _dtype_name(tensor), shape, shape, src=source, tag=tag or "", group=members)
     return _run(
-        current(),
+        ctx,
         comm.BROADCAST,
         tag,
         call,
-        lambda backend: backend.broadcast(tensor, source, call),
+        lambda backend: backend.broadcast(tensor, ranks.index(source), call),
         tensor.numel() * tensor.element_size(),
         tensor.element_size(),
         async_op,
@@ -298,9 +383,10 @@ def broadcast(
 def barrier(
     group: Any = None, async_op: bool = False, device_ids: Any = None, timeout: Any = None, *, tag: str | None = None
 ) -> Work | None:
-    """Wait until every rank has reached this point."""
-    call = CollectiveCall("barrier", "", (), (), tag=tag or "")
-    return _run(current(), comm.BARRIER, tag, call, lambda backend: backend.barrier(call), 0, 1, async_op)
+    """Wait until every rank (of `group`) has reached this point."""
+    ctx = current()
+    call = CollectiveCall("barrier", "", (), (), tag=tag or "", group=_members(ctx, group, "barrier"))
+    return _run(ctx, comm.BARRIER, tag, call, lambda backend: backend.barrier(call), 0, 1, async_op)
 
 
 reduce_scatter_tensor = reduce_scatter_single

@@ -5,6 +5,9 @@ The report holds what the course's claims are about: the loss at every step; the
 category beside the paper's formula (ZeRO §5, Figure 1); peak bytes with transients and activations;
 bytes on the wire per rank per step beside the formula (ZeRO §7); FLOPs per phase; time per step and
 time spent inside collectives.
+
+Stages are the paper's numbers 0-3, or the names of the stages that shard by node ("hsdp", "hpz"), which
+take `gpus_per_node` and bring their own formulas (`formula_model_state_bytes`, `formula_comm_elements`).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from zero_core.cluster import CollectiveCall, VirtualCluster
 from zero_core.comm import CommLedger
 from zero_core.context import current
 from zero_core.flops import FlopMeter
-from zero_core.stages import STAGES, TrainConfig
+from zero_core.stages import STAGES, TrainConfig, stage_class
 from zero_core.stages.base import OVERFLOW_TAG
 
 PHASES = ("forward", "backward", "grad_sync", "optimizer")
@@ -32,7 +35,7 @@ PHASES = ("forward", "backward", "grad_sync", "optimizer")
 class StageReport:
     """Everything measured about one stage's run. `to_dict()` is the JSON schema documented in the README."""
 
-    stage: int
+    stage: int | str
     world_size: int
     steps: int
     psi: int
@@ -98,7 +101,12 @@ class RankResult:
 
 
 def train_on_rank(
-    config: TrainConfig, stage: int, steps: int, functions: dict | None, on_step: Callable[[int], None] | None
+    config: TrainConfig,
+    stage: int | str,
+    steps: int,
+    functions: dict | None,
+    on_step: Callable[[int], None] | None,
+    gpus_per_node: int | None = None,
 ) -> RankResult:
     """Train `stage` on the calling rank for `steps` steps, timing every phase and instrumenting the last.
 
@@ -108,11 +116,12 @@ def train_on_rank(
     operation, which makes a step 1.6-2.8x slower at N = 32 (`benchmarks/bench_memory_audit.py`), so the
     steps between run without it; what they allocate and keep would be missed, and a test walking every
     storage the stages hold finds none.
-    Runs the same on a virtual-cluster thread and in a torchrun process.
+    Runs the same on a virtual-cluster thread and in a torchrun process. `gpus_per_node` goes to the stages
+    that shard by node ("hsdp", "hpz"); the others ignore it.
     """
     tracker = current().tracker
     with tracker.audit():
-        trainer = STAGES[stage](config, functions=functions)
+        trainer = make_stage(stage, config, functions, gpus_per_node)
     flops: dict[str, int] = dict.fromkeys(PHASES, 0)
     spans: list[tuple[int, str, float, float]] = []
     step_seconds, losses = [], []
@@ -157,6 +166,13 @@ def train_on_rank(
         step_bounds=step_bounds,
         origin_s=origin,
     )
+
+
+def make_stage(stage: int | str, config: TrainConfig, functions: dict | None, gpus_per_node: int | None) -> Any:
+    """A stage's trainer on the calling rank; a stage named by string gets `gpus_per_node`."""
+    if isinstance(stage, str):
+        return stage_class(stage)(config, functions, gpus_per_node=gpus_per_node)
+    return STAGES[stage](config, functions=functions)
 
 
 def timed_steps(steps: int) -> list[int]:
@@ -211,7 +227,7 @@ def assemble_master_weights(shards_per_rank: list[dict[str, tuple[int, torch.Ten
 
 
 def run_stage(
-    stage: int,
+    stage: int | str,
     world_size: int,
     steps: int,
     config: TrainConfig | None = None,
@@ -219,13 +235,15 @@ def run_stage(
     functions: dict | None = None,
     timeout_s: float = 60.0,
     on_step: Callable[[int], None] | None = None,
+    gpus_per_node: int | None = None,
 ) -> StageReport:
     """Train `stage` on `world_size` virtual GPUs for `steps` steps and measure it.
 
-    `functions` swaps in other layer Functions (exercises); `on_step(step)` runs on rank 0 after each step.
+    `functions` swaps in other layer Functions (exercises); `on_step(step)` runs on rank 0 after each step;
+    `gpus_per_node` places the ranks in nodes for the stages that shard by node (all on one by default).
     """
     if stage not in STAGES:
-        raise ValueError(f"unknown stage {stage}; choose from {sorted(STAGES)}")
+        stage_class(stage)
     if steps < 1:
         raise ValueError(f"steps must be at least 1, got {steps}")
     config = config or TrainConfig()
@@ -233,14 +251,18 @@ def run_stage(
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        results: list[RankResult] = cluster.run(train_on_rank, config, stage, steps, functions, on_step)
+        results: list[RankResult] = cluster.run(
+            train_on_rank, config, stage, steps, functions, on_step, gpus_per_node
+        )
     finally:
         torch.set_num_threads(threads)
-    return build_report(stage, world_size, steps, config, cluster.ledger, cluster.trackers, results)
+    return build_report(
+        stage, world_size, steps, config, cluster.ledger, cluster.trackers, results, gpus_per_node=gpus_per_node
+    )
 
 
 def build_report(
-    stage: int,
+    stage: int | str,
     n: int,
     steps: int,
     config: TrainConfig,
@@ -249,6 +271,7 @@ def build_report(
     results: list[RankResult],
     *,
     shared_clock: bool = True,
+    gpus_per_node: int | None = None,
 ) -> StageReport:
     """The report of one run from what each rank measured, wherever the ranks ran.
 
@@ -261,15 +284,21 @@ def build_report(
     element_bytes = {"fp16": 2, "bf16": 2, "fp32": 4}[config.precision]
     by_category = [r.held_bytes_by_category for r in results]
     state_bytes = [sum(c[k] for k in memory.MODEL_STATES) for c in by_category]
-    formula = formulas.model_state_bytes(stage, psi, n, param_bytes=element_bytes, grad_bytes=element_bytes)
+    if isinstance(stage, str):
+        stage_type, g = stage_class(stage), gpus_per_node or n
+        formula = stage_type.formula_model_state_bytes(psi, n, g, element_bytes)
+        comm_formula = stage_type.formula_comm_elements(psi, n, g)
+        comm_formula_padded = stage_type.formula_comm_elements(communicated_psi, n, g)
+    else:
+        formula = formulas.model_state_bytes(stage, psi, n, param_bytes=element_bytes, grad_bytes=element_bytes)
+        comm_formula = formulas.comm_elements(stage, psi, n, exact=True, zero1_grad_sync=config.zero1_grad_sync)
+        comm_formula_padded = formulas.comm_elements(
+            stage, communicated_psi, n, exact=True, zero1_grad_sync=config.zero1_grad_sync
+        )
     last = steps - 1
     comm_bytes = ledger.mean_bytes_sent(step=last, exclude_tags=(OVERFLOW_TAG,))
     comm_elements = ledger.mean_elements_sent(step=last, exclude_tags=(OVERFLOW_TAG,))
     rank0_last = ledger.rank_summary(0, step=last)
-    comm_formula = formulas.comm_elements(stage, psi, n, exact=True, zero1_grad_sync=config.zero1_grad_sync)
-    comm_formula_padded = formulas.comm_elements(
-        stage, communicated_psi, n, exact=True, zero1_grad_sync=config.zero1_grad_sync
-    )
     step_seconds = [max(r.step_seconds[k] for r in results) for k in range(steps)]
     return StageReport(
         stage=stage,
@@ -316,21 +345,24 @@ def build_report(
 
 
 def compare_stages(
-    stages: list[int],
+    stages: list[int | str],
     world_size: int,
     steps: int,
     config: TrainConfig | None = None,
     on_step: Callable[[int], None] | None = None,
+    gpus_per_node: int | None = None,
 ) -> list[StageReport]:
     """Run several stages with the same configuration, one after another."""
-    return [run_stage(stage, world_size, steps, config, on_step=on_step) for stage in stages]
+    return [
+        run_stage(stage, world_size, steps, config, on_step=on_step, gpus_per_node=gpus_per_node) for stage in stages
+    ]
 
 
 @dataclass(frozen=True)
 class Equivalence:
     """How far a stage's training is from ZeRO-0's: the course's claim is 0.0 for both."""
 
-    stage: int
+    stage: int | str
     final_loss: float
     max_loss_delta: float
     max_master_delta: float

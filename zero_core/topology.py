@@ -25,6 +25,11 @@ all-reduce, on one rank per node, none on the others.
   inside each node starting there.
 Each step is a ring, so the bytes are `zero_core.comm`'s ring model applied twice.
 
+A collective in a process group (`dist.new_group`) runs among the group's ranks only. "ring" is then the
+group's own ring, rank i of the group sending to rank i+1: a group inside one node sends nothing across,
+a group of one rank per node sends everything across. "hierarchical" runs the two levels inside the group,
+whose ranks must then sit G' to a node on every node it touches (`group_topology`).
+
 What hierarchical changes is where bytes go, not how many: a rank sends (G-1)/G·S + (M-1)/M·S/G =
 (N-1)/N·S per pass either way. The busiest inter-node sender sends (N-1)/(M-1) times less (the flat
 ring's boundary rank 2(N-1)/N·S, every hierarchical rank 2(M-1)/M·S/G); the mean over ranks falls only by
@@ -116,6 +121,21 @@ class LinkTraffic:
         return asdict(self)
 
 
+def group_topology(topology: Topology, group: tuple[int, ...]) -> Topology:
+    """The nodes of a process group's ranks, renumbered 0..k-1 in group order: G' of them on each node it
+    touches. A group with unequal numbers of ranks on its nodes has no two-level layout: `ValueError`."""
+    nodes = [topology.node_of(r) for r in group]
+    per_node = nodes.count(nodes[0])
+    if len(group) % per_node or any(nodes[i] != nodes[i - i % per_node] for i in range(len(group))):
+        raise ValueError(
+            f"group {list(group)} does not have the same number of ranks on each of its nodes ({topology}); "
+            "count it with the flat ring"
+        )
+    if len(set(nodes)) != len(group) // per_node:
+        raise ValueError(f"group {list(group)} visits a node twice in group order ({topology})")
+    return Topology(len(group), per_node)
+
+
 def link_bytes(
     op: str,
     full_bytes: int,
@@ -124,11 +144,14 @@ def link_bytes(
     rank: int,
     algorithm: str = RING,
     src: int = 0,
+    *,
+    group: tuple[int, ...] = (),
 ) -> LinkTraffic:
     """Bytes `rank` sends and receives inside its node and across nodes for one collective on `full_bytes`.
 
     Chunks are cut as `zero_core.comm` cuts them (`torch.tensor_split`: the first chunks one element larger),
-    so with `algorithm="ring"` intra + inter is exactly `ring_bytes`.
+    so with `algorithm="ring"` intra + inter is exactly `ring_bytes`. `group` is the global ranks of the
+    collective's process group (empty: every rank); `rank` and `src` are global ranks.
     """
     if algorithm not in ALGORITHMS:
         raise ValueError(f"unknown collective algorithm {algorithm!r}; expected one of {ALGORITHMS}")
@@ -137,18 +160,25 @@ def link_bytes(
     n = topology.world_size
     if not 0 <= rank < n:
         raise ValueError(f"rank {rank} is outside 0..{n - 1} for the {op} on {topology}")
-    if n == 1 or op == BARRIER or full_bytes == 0:
+    members = group or range(n)
+    if rank not in members:
+        raise ValueError(f"rank {rank} is not in group {list(group)} of the {op}")
+    k, index = len(members), members.index(rank)
+    src_index = members.index(src) if op == BROADCAST else 0
+    if k == 1 or op == BARRIER or full_bytes == 0:
         return LinkTraffic()
     if algorithm == RING:
-        sent, received = ring_bytes(op, full_bytes, element_size, n, rank, src)
-        sends_across = topology.node_of((rank + 1) % n) != topology.node_of(rank)
-        receives_across = topology.node_of((rank - 1) % n) != topology.node_of(rank)
+        sent, received = ring_bytes(op, full_bytes, element_size, k, index, src_index)
+        sends_across = topology.node_of(members[(index + 1) % k]) != topology.node_of(rank)
+        receives_across = topology.node_of(members[(index - 1) % k]) != topology.node_of(rank)
         return LinkTraffic(
             0 if sends_across else sent,
             sent if sends_across else 0,
             0 if receives_across else received,
             received if receives_across else 0,
         )
+    if group:
+        return _hierarchical(op, full_bytes, element_size, group_topology(topology, group), index, src_index)
     return _hierarchical(op, full_bytes, element_size, topology, rank, src)
 
 

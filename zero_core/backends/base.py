@@ -1,5 +1,8 @@
 """What a backend must do: move the data of the five collectives `zero_core.dist` offers, nothing else.
 
+A collective in a process group carries the group's global ranks in `call.group` (empty: every rank); its
+`src` and chunk indices are the rank's index in the group, and AVG divides by the group's size.
+
 `zero_core.dist` checks every call on the calling rank and records it in the rank's ledger; the rank's
 backend only moves the bytes. Two backends implement this interface: `VirtualBackend` (the virtual
 cluster's rendezvous, one thread per rank) and `TorchBackend` (a real `torch.distributed` process
@@ -58,6 +61,9 @@ class Backend(Protocol):
     def broadcast(self, tensor: torch.Tensor, src: int, call: CollectiveCall) -> Finish: ...
 
     def barrier(self, call: CollectiveCall) -> Finish: ...
+
+    def new_group(self, ranks: tuple[int, ...]) -> None:
+        """Every rank calls this for every group, in the same order (a real process group is made here)."""
 
 
 def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:

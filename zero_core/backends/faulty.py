@@ -45,6 +45,9 @@ class FaultyBackend:
             os._exit(EXIT_CODE)
         time.sleep(HANG_S)
 
+    def new_group(self, ranks: tuple[int, ...]) -> None:
+        self.inner.new_group(ranks)
+
     def all_reduce(self, tensor: torch.Tensor, op: ReduceOp, call: CollectiveCall) -> Finish:
         self._maybe_fail()
         return self.inner.all_reduce(tensor, op, call)

@@ -20,6 +20,10 @@ Three decisions keep the real backend's arithmetic the virtual cluster's, on any
   names its GPU (`RankContext.device`) and the stages keep every buffer there, so a collective moves
   the stage's own tensors: nothing is staged through the host.
 
+A process group of `zero_core.dist.new_group` is a `torch.distributed.new_group` of the same ranks, made
+when every rank asks for it (as torch requires), on the data plane's backend; a collective in it runs there,
+and AVG divides by the group's size.
+
 Gloo adds in its own order (ring segments, not rank order), so with N > 2 an fp32 sum can differ from
 the virtual cluster's in the last bit; with N = 2 a sum is one addition, and addition commutes.
 
@@ -80,7 +84,12 @@ class TorchBackend:
     """This process's side of a `torch.distributed` process group (`group=None`: the default group)."""
 
     def __init__(
-        self, group: Any = None, *, device: torch.device | None = None, upcast_reductions: bool | None = None
+        self,
+        group: Any = None,
+        *,
+        device: torch.device | None = None,
+        upcast_reductions: bool | None = None,
+        timeout: timedelta | None = None,
     ) -> None:
         if not torch_dist.is_initialized():
             raise RuntimeError("TorchBackend needs an initialised process group: call init_process_group first")
@@ -91,6 +100,20 @@ class TorchBackend:
         self.device = device or torch.device("cpu")
         self.upcast_reductions = upcasts_reductions(self.name) if upcast_reductions is None else upcast_reductions
         self._next_seq = 0
+        self._groups: dict[tuple[int, ...], Any] = {}
+        self._timeout = timeout
+
+    def new_group(self, ranks: tuple[int, ...]) -> None:
+        """Make the torch.distributed group of `ranks` (every rank calls this, members or not, in one order)."""
+        if ranks not in self._groups:
+            options = {} if self._timeout is None else {"timeout": self._timeout}
+            self._groups[ranks] = torch_dist.new_group(list(ranks), backend=self.name, **options)
+
+    def _group(self, call: CollectiveCall) -> Any:
+        return self._groups[call.group] if call.group else self.group
+
+    def _size(self, call: CollectiveCall) -> int:
+        return len(call.group) or self.world_size
 
     def wire_dtype(self, dtype: torch.dtype, *, reduction: bool) -> torch.dtype:
         return wire_dtype(dtype, reduction=reduction, upcast=self.upcast_reductions)
@@ -98,7 +121,7 @@ class TorchBackend:
     def all_reduce(self, tensor: torch.Tensor, op: ReduceOp, call: CollectiveCall) -> Finish:
         with _interconnect():
             wire = tensor.to(self.device, self.wire_dtype(tensor.dtype, reduction=True))
-            work = self._start(call, torch_dist.all_reduce, wire, op=TORCH_OPS[op], group=self.group)
+            work = self._start(call, torch_dist.all_reduce, wire, op=TORCH_OPS[op], group=self._group(call))
         return self._finisher(call, work, tensor, wire, op)
 
     def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: ReduceOp, call: CollectiveCall) -> Finish:
@@ -106,24 +129,26 @@ class TorchBackend:
             dtype = self.wire_dtype(input.dtype, reduction=True)
             wire_in = input.reshape(-1).to(self.device, dtype)
             wire_out = output.reshape(-1).to(self.device, dtype)
-            work = self._start(call, REDUCE_SCATTER, wire_out, wire_in, op=TORCH_OPS[op], group=self.group)
+            work = self._start(call, REDUCE_SCATTER, wire_out, wire_in, op=TORCH_OPS[op], group=self._group(call))
         return self._finisher(call, work, output.view(-1), wire_out, op)
 
     def all_gather(self, output: torch.Tensor, input: torch.Tensor, call: CollectiveCall) -> Finish:
         with _interconnect():
             wire_out = output.reshape(-1).to(self.device)
-            work = self._start(call, ALL_GATHER, wire_out, input.reshape(-1).to(self.device), group=self.group)
+            work = self._start(
+                call, ALL_GATHER, wire_out, input.reshape(-1).to(self.device), group=self._group(call)
+            )
         return self._finisher(call, work, output.view(-1), wire_out, None)
 
     def broadcast(self, tensor: torch.Tensor, src: int, call: CollectiveCall) -> Finish:
         with _interconnect():
             wire = tensor.to(self.device)
-            work = self._start(call, torch_dist.broadcast, wire, group=self.group, group_src=src)
+            work = self._start(call, torch_dist.broadcast, wire, group=self._group(call), group_src=src)
         return self._finisher(call, work, tensor, wire, None)
 
     def barrier(self, call: CollectiveCall) -> Finish:
         device_ids = [self.device.index] if self.name == "nccl" else None
-        work = self._start(call, torch_dist.barrier, group=self.group, device_ids=device_ids)
+        work = self._start(call, torch_dist.barrier, group=self._group(call), device_ids=device_ids)
         return lambda: self._wait(call, work)
 
     def _finisher(
@@ -135,7 +160,7 @@ class TorchBackend:
         def finish() -> None:
             self._wait(call, work)
             with _interconnect():
-                result = divide_by_world_size(wire, self.world_size) if op == ReduceOp.AVG else wire
+                result = divide_by_world_size(wire, self._size(call)) if op == ReduceOp.AVG else wire
                 if result.data_ptr() != tensor.data_ptr() or (result.dtype, result.device) != (
                     tensor.dtype,
                     tensor.device,
@@ -197,10 +222,10 @@ def join_process_group(backend: str = "auto", timeout_s: float = 30.0, local_ran
             "than GPUs, or no CUDA): launch one process per GPU, or use --backend gloo"
         )
     if backend == "gloo" or not every_rank_has_gpu.item():
-        return TorchBackend()
+        return TorchBackend(timeout=timeout)
     torch.cuda.set_device(local_rank)
     group = torch_dist.new_group(backend="nccl", timeout=timeout)
-    return TorchBackend(group, device=torch.device("cuda", local_rank))
+    return TorchBackend(group, device=torch.device("cuda", local_rank), timeout=timeout)
 
 
 def process_context(backend: TorchBackend, *, seed: int = 0, record_timeline: bool = True) -> RankContext:

@@ -48,6 +48,9 @@ class VirtualBackend:
         self.rank = rank
         self.world_size = cluster.world_size
 
+    def new_group(self, ranks: tuple[int, ...]) -> None:
+        """Nothing to set up: the cluster's rendezvous meets a group's ranks by `call.group`."""
+
     def all_reduce(self, tensor: torch.Tensor, op: ReduceOp, call: CollectiveCall) -> Finish:
         meeting = self.cluster.arrive(self.rank, call, tensor, lambda inputs: reduce_in_rank_order(inputs, op))
         return lambda: tensor.copy_(self.cluster.result(self.rank, meeting))
@@ -56,7 +59,8 @@ class VirtualBackend:
         meeting = self.cluster.arrive(
             self.rank, call, input, lambda inputs: reduce_into_chunks(inputs, op, call.output_shape)
         )
-        return lambda: output.copy_(self.cluster.result(self.rank, meeting)[self.rank])
+        index = call.group.index(self.rank) if call.group else self.rank
+        return lambda: output.copy_(self.cluster.result(self.rank, meeting)[index])
 
     def all_gather(self, output: torch.Tensor, input: torch.Tensor, call: CollectiveCall) -> Finish:
         meeting = self.cluster.arrive(
@@ -65,6 +69,7 @@ class VirtualBackend:
         return lambda: output.copy_(self.cluster.result(self.rank, meeting))
 
     def broadcast(self, tensor: torch.Tensor, src: int, call: CollectiveCall) -> Finish:
+        """`src` is the source's index in the group (its rank without one)."""
         meeting = self.cluster.arrive(self.rank, call, tensor, lambda inputs: inputs[src].clone())
         return lambda: tensor.copy_(self.cluster.result(self.rank, meeting))
 

@@ -4,6 +4,8 @@ Prints the model-states table (memory per GPU against the paper's formula, traff
 equivalence table (every stage against ZeRO-0), the compute table and the memory breakdown. With
 `--gpus-per-node G` (nodes of G consecutive ranks) or `--collectives hierarchical`, the traffic also splits
 into intra-node and inter-node bytes (`zero_core.topology`), recomputed from the ledger of what ran.
+`--stages` also takes the stages that shard by node, `hsdp` (ZeRO-3 inside a node, replicated across
+nodes) and `hpz` (ZeRO++'s hierarchical partitioning), which use `--gpus-per-node`.
 """
 
 from __future__ import annotations
@@ -27,8 +29,16 @@ from zero_core.stages.base import OVERFLOW_TAG, ZERO1_GRAD_SYNCS
 from zero_core.topology import ALGORITHMS, RING, Topology
 from zero_core.trace import write_trace
 
-PARTITIONED = {0: "nothing", 1: "optimizer states", 2: "+ gradients", 3: "+ parameters"}
-FORMULA = {0: "16Ψ", 1: "4Ψ + 12Ψ/N", 2: "2Ψ + 14Ψ/N", 3: "16Ψ/N"}
+PARTITIONED = {
+    0: "nothing",
+    1: "optimizer states",
+    2: "+ gradients",
+    3: "+ parameters",
+    "hsdp": "all, within a node",
+    "hpz": "all, + node copy of params",
+}
+FORMULA = {0: "16Ψ", 1: "4Ψ + 12Ψ/N", 2: "2Ψ + 14Ψ/N", 3: "16Ψ/N", "hsdp": "16Ψ/G", "hpz": "16Ψ/N (+2Ψ/G)"}
+NODE_STAGE_LABELS = {"hsdp": "HSDP", "hpz": "ZeRO++ hpZ"}
 MAX_STEPS = 10_000
 
 
@@ -36,7 +46,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("compare", help="train ZeRO-0..3 on N virtual GPUs and compare memory, traffic, loss")
     p.add_argument("--world-size", type=int, default=32, help="number of virtual GPUs (default 32)")
     p.add_argument("--steps", type=int, default=3, help="training steps per stage (default 3)")
-    p.add_argument("--stages", default="0,1,2,3", help="comma-separated stages (default 0,1,2,3)")
+    p.add_argument(
+        "--stages",
+        default="0,1,2,3",
+        help="comma-separated stages: 0-3, hsdp (ZeRO-3 in a node, replicas across nodes), hpz (ZeRO++ hpZ) "
+        "(default 0,1,2,3)",
+    )
     p.add_argument("--preset", default="tiny", help=f"model size: {', '.join(PRESETS)} (default tiny)")
     p.add_argument("--precision", default="bf16", choices=["bf16", "fp16", "fp32"], help="training precision")
     p.add_argument(
@@ -103,15 +118,21 @@ def link_summary(report: StageReport, topology: Topology, algorithm: str) -> dic
     }
 
 
-def parse_stages(text: str) -> list[int]:
+def stage_label(stage: int | str) -> str:
+    return NODE_STAGE_LABELS[stage] if isinstance(stage, str) else f"ZeRO-{stage}"
+
+
+def parse_stages(text: str) -> list[int | str]:
+    parts = [part.strip().lower() for part in text.split(",") if part.strip()]
+    named = [part for part in parts if part in NODE_STAGE_LABELS]
     try:
-        stages = [int(part) for part in text.split(",") if part.strip()]
+        stages = [int(part) for part in parts if part not in NODE_STAGE_LABELS]
     except ValueError:
-        raise UsageError(f"--stages takes stage numbers like 0,1,2,3, got {text!r}") from None
+        raise UsageError(f"--stages takes stage numbers like 0,1,2,3 (or hsdp, hpz), got {text!r}") from None
     bad = [s for s in stages if s not in (0, 1, 2, 3)]
-    if bad or not stages:
-        raise UsageError(f"--stages takes stages from 0 to 3, like 0,1,2,3; got {text!r}")
-    return sorted(set(stages))
+    if bad or not parts:
+        raise UsageError(f"--stages takes stages from 0 to 3, hsdp or hpz, like 0,1,2,3; got {text!r}")
+    return [*sorted(set(stages)), *(name for name in NODE_STAGE_LABELS if name in named)]
 
 
 def check(args: argparse.Namespace) -> list[int]:
@@ -129,7 +150,10 @@ def check(args: argparse.Namespace) -> list[int]:
         raise UsageError(f"--trace: folder {Path(args.trace).resolve().parent} does not exist")
     if args.plots and Path(args.plots).exists() and not Path(args.plots).is_dir():
         raise UsageError(f"--plots: {args.plots} exists and is not a folder")
-    return parse_stages(args.stages)
+    stages = parse_stages(args.stages)
+    if (args.plots or args.trace) and any(isinstance(s, str) for s in stages):
+        raise UsageError("--plots and --trace draw the stages 0-3 only; leave hsdp and hpz out of --stages for them")
+    return stages
 
 
 def run(args: argparse.Namespace) -> int:
@@ -150,8 +174,12 @@ def run(args: argparse.Namespace) -> int:
         file=sys.stderr,
         leave=False,
     ) as bar:
-        reports = compare_stages(stages, args.world_size, args.steps, config, on_step=lambda step: bar.update())
+        reports = compare_stages(
+            stages, args.world_size, args.steps, config, lambda step: bar.update(), topology.gpus_per_node
+        )
     reference = next((r for r in reports if r.stage == 0), reports[0])
+    if any(isinstance(s, str) for s in stages):
+        print(f"HSDP and hpZ use nodes of G = {topology.gpus_per_node} GPUs (--gpus-per-node)")
     equivalences = [equivalence(reference, r) for r in reports]
     print()
     links = [link_summary(r, topology, args.collectives) for r in reports] if links_asked(args) else None
@@ -194,7 +222,7 @@ def render(
     ]
     rows = [
         [
-            f"ZeRO-{r.stage}",
+            stage_label(r.stage),
             PARTITIONED[r.stage],
             f"{mb(r.model_state_bytes_mean)} ({r.model_state_bytes_mean / psi:.2f}Ψ)",
             FORMULA[r.stage],
@@ -221,13 +249,13 @@ def render(
         [
             "stage",
             f"loss at step {reports[0].steps - 1}",
-            f"max |Δloss| vs ZeRO-{reference.stage}",
+            f"max |Δloss| vs {stage_label(reference.stage)}",
             "max |Δmaster weight|",
             "bit-identical",
         ],
         [
             [
-                f"ZeRO-{e.stage}",
+                stage_label(e.stage),
                 f"{e.final_loss:.6f}",
                 f"{e.max_loss_delta:.1e}",
                 f"{e.max_master_delta:.1e}",
@@ -241,7 +269,7 @@ def render(
         ["stage", "fwd GFLOP/GPU", "bwd GFLOP/GPU", "optimizer MFLOP/GPU", "step time", "in collectives"],
         [
             [
-                f"ZeRO-{r.stage}",
+                stage_label(r.stage),
                 f"{r.flops_per_step_mean['forward'] / 1e9:.3f}",
                 f"{r.flops_per_step_mean['backward'] / 1e9:.3f}",
                 f"{r.flops_per_step_mean['optimizer'] / 1e6:.2f}",
@@ -273,7 +301,7 @@ def render(
         ],
         [
             [
-                f"ZeRO-{r.stage}",
+                stage_label(r.stage),
                 *(
                     mb(r.model_state_bytes_by_category_mean[c])
                     for c in ("param.fp16", "grad.fp16", "master.fp32", "adam.m", "adam.v")

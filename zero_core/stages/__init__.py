@@ -3,6 +3,10 @@
 The stage modules are imported when first named (`zero_core.stages.Zero2`, `STAGES`), not with the
 package: the grader imports `zero_core.stages.base` and one stage's scaffolding without loading the
 modules that hold an exercise's answer.
+
+`STAGES` are the paper's four, by number. `NODE_STAGES` are the stages that need to know the nodes
+(`gpus_per_node`), by name: "hsdp" (ZeRO-3 inside a node, replicated across nodes) and "hpz" (ZeRO++'s
+hierarchical partitioning).
 """
 
 from __future__ import annotations
@@ -13,12 +17,31 @@ from typing import TYPE_CHECKING, Any
 from zero_core.stages.base import TrainConfig, ZeroStage
 
 if TYPE_CHECKING:
+    from zero_core.stages.hpz import HpzZero3
+    from zero_core.stages.hsdp import HybridZero3
     from zero_core.stages.zero0 import Zero0
     from zero_core.stages.zero1 import Zero1
     from zero_core.stages.zero2 import Zero2
     from zero_core.stages.zero3 import Zero3
 
-_STAGE_MODULES = {"Zero0": "zero0", "Zero1": "zero1", "Zero2": "zero2", "Zero3": "zero3"}
+_STAGE_MODULES = {
+    "Zero0": "zero0",
+    "Zero1": "zero1",
+    "Zero2": "zero2",
+    "Zero3": "zero3",
+    "HybridZero3": "hsdp",
+    "HpzZero3": "hpz",
+}
+_NODE_STAGES = {"hsdp": "HybridZero3", "hpz": "HpzZero3"}
+
+
+def stage_class(stage: int | str) -> type[ZeroStage]:
+    """The class of a stage number (0-3) or name ("hsdp", "hpz"), its module imported now."""
+    if stage in (0, 1, 2, 3):
+        return __getattr__(f"Zero{stage}")
+    if stage in _NODE_STAGES:
+        return __getattr__(_NODE_STAGES[stage])
+    raise ValueError(f"unknown stage {stage!r}; choose from 0, 1, 2, 3, {', '.join(map(repr, _NODE_STAGES))}")
 
 
 def __getattr__(name: str) -> Any:
@@ -27,7 +50,21 @@ def __getattr__(name: str) -> Any:
     if name == "STAGES":
         stages: dict[int, type[ZeroStage]] = {i: __getattr__(f"Zero{i}") for i in range(4)}
         return stages
+    if name == "NODE_STAGES":
+        return {key: __getattr__(cls) for key, cls in _NODE_STAGES.items()}
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["STAGES", "TrainConfig", "ZeroStage", "Zero0", "Zero1", "Zero2", "Zero3"]
+__all__ = [
+    "NODE_STAGES",
+    "STAGES",
+    "HpzZero3",
+    "HybridZero3",
+    "TrainConfig",
+    "ZeroStage",
+    "stage_class",
+    "Zero0",
+    "Zero1",
+    "Zero2",
+    "Zero3",
+]
