@@ -176,3 +176,39 @@ def test_the_table_runs_as_a_command() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert "120.00 GB" in result.stdout and "1.88 GB" in result.stdout
+
+
+def test_table_adds_configurations_only_when_asked(capsys) -> None:
+    _, out, _ = run_cli(["table", "--params", "7.5B", "--gpus", "64"], capsys)
+    assert "Configurations" not in out
+    argv = ["table", "--params", "70B", "--gpus", "256", "--gpu-memory", "80GB", "--configs", "zero3,zeropp,hsdp:64"]
+    _, out, _ = run_cli([*argv, "--machine", "dgx-h100"], capsys)
+    block = out[out.index("Configurations") :]
+    assert "32 nodes of 8 GPUs" in block
+    zeropp = next(line for line in block.splitlines() if line.startswith("ZeRO++"))
+    assert "16Ψ/N + 2Ψ/G" in zeropp and "21.88 GB" in zeropp and " s " in zeropp
+    assert "17.50 GB" in next(line for line in block.splitlines() if line.startswith("HSDP, S = 64"))
+
+
+def test_table_json_carries_the_configurations(tmp_path, capsys) -> None:
+    path = tmp_path / "configs.json"
+    argv = ["table", "--params", "70B", "--gpus", "256", "--gpus-per-node", "8", "--configs", "zero2+offload"]
+    code, _, _ = run_cli([*argv, "--json", str(path)], capsys)
+    (row,) = json.loads(path.read_text())["configurations"]
+    assert code == 0 and row["step_s"] is None
+    assert row["gpu_bytes"] == 140e9 and row["host_bytes_per_gpu"] == pytest.approx(14 * 70e9 / 256)
+    assert row["pcie_bytes_to_host"] == pytest.approx(2 * 70e9 / 256)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--configs", "zero9"], "--configs"),
+        (["--configs", "hsdp:3"], "--configs"),
+        (["--machine", "dgx-z100"], "--machine"),
+        (["--machine", "dgx-h100", "--tokens-per-gpu", "0"], "--tokens-per-gpu"),
+    ],
+)
+def test_bad_configurations_get_one_line(argv: list[str], message: str, capsys) -> None:
+    code, out, err = run_cli(["table", "--params", "70B", "--gpus", "256", *argv], capsys)
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1 and out == ""

@@ -51,6 +51,8 @@ class Machine:
 
     `intra_node_bandwidth` is the bus bandwidth one GPU reaches inside a node (nccl-tests' busbw, a
     unidirectional figure); `inter_node_bandwidth` is one GPU's share of its node's network links.
+    For offload (`zero_core.configuration_time`): `pcie_bandwidth` is one GPU's host link, one direction;
+    `host_memory_bandwidth` and `host_memory_bytes` are the node's CPU DRAM, shared by its GPUs (0: unknown).
     """
 
     name: str
@@ -63,6 +65,9 @@ class Machine:
     inter_node_latency_s: float
     hbm_bandwidth: float
     algorithm: str = "ring"
+    pcie_bandwidth: float = 0.0
+    host_memory_bandwidth: float = 0.0
+    host_memory_bytes: float = 0.0
 
     def __post_init__(self) -> None:
         if self.algorithm not in ("ring", "tree"):
@@ -94,12 +99,19 @@ NVLINK_ALPHA_S = 1.3e-6
 validation: 3.20 GB/s busbw, S. Bekman, ml-engineering, network/benchmarks); assumed for the other presets."""
 NETWORK_ALPHA_S = 5e-6
 """Per-step latency across nodes: an assumption (no source here), visible only for messages under ~1 MB."""
+PCIE3_X16, PCIE4_X16, PCIE5_X16 = 15.75e9, 31.5e9, 63e9
+"""A GPU's x16 host link, one direction, at the PCIe 3.0 / 4.0 / 5.0 signalling rates (8, 16, 32 GT/s per
+lane, 128b/130b): the ceiling, not a measurement. Host figures per preset: each node's two CPU sockets ×
+DDR channels × transfer rate × 8 bytes (DGX-2: Xeon 8168, 6 × DDR4-2666; A100: the DGX A100's EPYC 7742,
+8 × DDR4-3200, assumed for the blog's cluster too; H100: the DGX H100's Xeon 8480C, 8 × DDR5-4800, PCIe 5.0,
+2 TB, as NVIDIA's DGX BasePOD reference architecture lists it), also a ceiling."""
 
 DGX2_V100 = Machine(
     "ZeRO paper cluster: DGX-2, 16×V100, 800 Gb/s per node",
     peak_tflops=125, achieved_fraction=0.33, gpus_per_node=16,
     intra_node_bandwidth=150e9, intra_node_latency_s=NVLINK_ALPHA_S,
     inter_node_bandwidth=800 * GBPS / 16, inter_node_latency_s=NETWORK_ALPHA_S, hbm_bandwidth=900e9,
+    pcie_bandwidth=PCIE3_X16, host_memory_bandwidth=2 * 6 * 2666e6 * 8, host_memory_bytes=1.5e12,
 )
 """ZeRO §10.1: 25 DGX-2 nodes of 16 V100 with 800 Gbps inter-node bandwidth; §10.2: NVSwitch 300 GB/s per
 link (read here as both directions: 150 GB/s busbw); V100 125 TFLOP/s fp16 (38 TFLOP/s is "over 30% of the
@@ -109,6 +121,7 @@ A100_400G = Machine(
     peak_tflops=312, achieved_fraction=0.57, gpus_per_node=8,
     intra_node_bandwidth=300e9, intra_node_latency_s=NVLINK_ALPHA_S,
     inter_node_bandwidth=400 * GBPS / 8, inter_node_latency_s=NETWORK_ALPHA_S, hbm_bandwidth=2.0e12,
+    pcie_bandwidth=PCIE4_X16, host_memory_bandwidth=2 * 8 * 3200e6 * 8, host_memory_bytes=1e12,
 )
 """The A100 cluster of "Maximizing training throughput using PyTorch FSDP" (PyTorch blog, 2024-03-13):
 128 A100 80GB, 400 Gbps inter-node (read here as per node), 312 TFLOP/s bf16, 2.0 TB/s HBM; its 7B run's
@@ -118,6 +131,7 @@ H100_800G = Machine(
     peak_tflops=989, achieved_fraction=0.37, gpus_per_node=8,
     intra_node_bandwidth=450e9, intra_node_latency_s=NVLINK_ALPHA_S,
     inter_node_bandwidth=800 * GBPS / 8, inter_node_latency_s=NETWORK_ALPHA_S, hbm_bandwidth=3.35e12,
+    pcie_bandwidth=PCIE5_X16, host_memory_bandwidth=2 * 8 * 4800e6 * 8, host_memory_bytes=2e12,
 )
 """The H100 cluster of the same PyTorch blog post: 96 H100 80GB, 800 Gbps inter-node, 989 TFLOP/s bf16,
 3.35 TB/s HBM, the 7B run's 0.37 MFU = HFU. NVLink 4: 900 GB/s both ways, 450 GB/s busbw."""
@@ -130,6 +144,10 @@ DGX_H100 = H100_800G.with_(
 )
 """NVIDIA DGX H100: one 400 Gb/s NDR NIC per GPU; 0.4 achieved fraction is a round assumption."""
 PRESETS = {m.name: m for m in (DGX2_V100, A100_400G, H100_800G, DGX_A100, DGX_H100)}
+MACHINES = {
+    "dgx2-v100": DGX2_V100, "a100-400g": A100_400G, "h100-800g": H100_800G, "dgx-a100": DGX_A100, "dgx-h100": DGX_H100,
+}
+"""The presets by the short names the command line takes (`--machine dgx-h100`)."""
 
 
 def collective_seconds(machine: Machine, op: str, full_bytes: float, n_gpus: int) -> float:

@@ -4,6 +4,11 @@ The question ZeRO Table 1's bold cells answer for 7.5B, 128B and 1T on 32 GB V10
 and any GPU: for each stage, the smallest data-parallel degree N whose per-GPU model states (ZeRO §5,
 Figure 1) fit the GPU's memory, and the smallest power of two (`formulas.plan`). A stage whose replicated
 part alone overflows the GPU never fits, however many GPUs share the rest.
+
+With `--nodes` the question turns around: on these M nodes of G GPUs, which configuration (the paper's
+stages, offload, hpZ, qwZ, ZeRO++, HSDP at every shard group S = G, 2G, ... below N) fits, and which is
+fastest? The answer is ranked by predicted step time on `--machine`, ties by GPU memory
+(`zero_core.cli.configs`).
 """
 
 from __future__ import annotations
@@ -12,7 +17,9 @@ import argparse
 import math
 from typing import Any
 
-from zero_core import formulas
+from zero_core import configurations, formulas
+from zero_core.cli import configs as config_table
+from zero_core.cli.errors import UsageError
 from zero_core.cli.render import table
 from zero_core.cli.table import (
     MEMORY_FORMULA,
@@ -21,12 +28,14 @@ from zero_core.cli.table import (
     check_json_path,
     display_unit,
     gpu_memory_argument,
+    parse_gpu_count,
     show_bytes,
     show_size,
     units_argument,
     write_json,
 )
-from zero_core.units import format_count, parse_count
+from zero_core.topology import RING
+from zero_core.units import format_count, format_seconds, parse_count
 
 POWERS_OF_TWO = tuple(2**i for i in range(21))
 
@@ -55,6 +64,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("plan", help="smallest number of GPUs on which each ZeRO stage fits a model")
     p.add_argument("--params", required=True, type=units_argument(parse_count), help="parameters Ψ, like 13B or 1.3e9")
     p.add_argument("--gpu-memory", required=True, help="memory of one GPU: 80GB (1e9 bytes) or 80GiB")
+    p.add_argument(
+        "--nodes",
+        type=units_argument(parse_gpu_count),
+        help="rank the configurations on this many nodes (needs --machine)",
+    )
+    p.add_argument(
+        "--gpus-per-node", type=units_argument(parse_gpu_count), help="GPUs per node (default: the machine's)"
+    )
+    config_table.add_arguments(p, default_configs="all, and HSDP at S = G, 2G, 4G, ... below N")
     p.add_argument("--json", metavar="PATH", help="also write the answer as JSON")
 
 
@@ -78,10 +96,80 @@ def plan_rows(psi: int, gpu_memory: int) -> list[dict[str, Any]]:
     return rows
 
 
+def candidates(n_gpus: int, gpus_per_node: int) -> list[configurations.Configuration]:
+    """Every named configuration but single-node HSDP, then HSDP at S = G, 2G, 4G, ... while S < N."""
+    named = [c for name, c in configurations.CONFIGURATIONS.items() if name != "hsdp"]
+    sizes, s = [], gpus_per_node
+    while s < n_gpus and n_gpus % s == 0:
+        sizes.append(s)
+        s *= 2
+    return named + [configurations.Configuration(f"hsdp:{s}", 3, hsdp=True, shard_group=s) for s in sizes]
+
+
+def run_ranked(args: argparse.Namespace, gpu_memory: int, json_path: Any, unit: str) -> int:
+    """`--nodes`: the configurations that fit M nodes of G GPUs, fastest first on `--machine`."""
+    if args.machine is None:
+        raise UsageError("--nodes ranks configurations by predicted step time: give --machine too")
+    machine = config_table.machine_of(args.machine)
+    gpus_per_node = args.gpus_per_node or machine.gpus_per_node
+    n_gpus = args.nodes * gpus_per_node
+    chosen = config_table.parse(args.configs) if args.configs else candidates(n_gpus, gpus_per_node)
+    found = config_table.rows(
+        chosen, args.params, n_gpus, gpus_per_node, gpu_memory, machine, args.tokens_per_gpu, RING
+    )
+    best = config_table.ranked(found)
+    memory_label = show_size(gpu_memory, unit)
+    header = (
+        f"Which configuration for Ψ = {format_count(args.params)} parameters on {args.nodes} nodes of "
+        f"{gpus_per_node} GPUs of {memory_label} (N = {n_gpus})?\n"
+        f"{machine.name}; {args.tokens_per_gpu:,} tokens per GPU per step. {MODEL_STATES_NOTE}\n"
+        f"{unit} = {'2^30' if unit == 'GiB' else '10^9'} bytes; traffic is per GPU per step, on flat rings."
+    )
+    title = "Ranked: the configurations that fit, fastest predicted step first (equal times: less memory first)"
+    parts = [header, config_table.render(best, show_bytes, unit, title, numbered=True) if best else "Nothing fits."]
+    misfits = [r for r in found if not r["fits"]]
+    if misfits:
+        parts.append(
+            "Do not fit: "
+            + "; ".join(f"{r['label']} ({show_bytes(r['gpu_bytes'], unit)} per GPU)" for r in misfits)
+            + "."
+        )
+    if best:
+        top = best[0]
+        parts.append(
+            f"Answer: {top['label']}, {format_seconds(top['step_s'])} per step, "
+            f"{show_bytes(top['gpu_bytes'], unit)} of model states per GPU.\n{config_table.NOTES}"
+        )
+    print("\n\n".join(parts))
+    if json_path is not None:
+        write_json(
+            json_path,
+            {
+                "schema": "zero-course/plan/2",
+                "psi": args.params,
+                "gpu_memory_bytes": gpu_memory,
+                "nodes": args.nodes,
+                "gpus_per_node": gpus_per_node,
+                "n_gpus": n_gpus,
+                "machine": machine.name,
+                "tokens_per_gpu": args.tokens_per_gpu,
+                "model_states_only": True,
+                "ranked": [r["config"] for r in best],
+                "configurations": found,
+            },
+        )
+        print(f"\nwrote {json_path}")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     gpu_memory = gpu_memory_argument(args.gpu_memory)
     json_path = check_json_path(args.json)
     unit = display_unit(args.gpu_memory)
+    if args.nodes is not None:
+        return run_ranked(args, gpu_memory, json_path, unit)
+    if args.configs or args.machine or args.gpus_per_node:
+        raise UsageError("--configs, --machine and --gpus-per-node rank configurations on --nodes: give --nodes")
     rows = plan_rows(args.params, gpu_memory)
     print(render(args.params, gpu_memory, unit, rows))
     if json_path is not None:

@@ -4,7 +4,9 @@ For each stage: model-state memory per GPU (ZeRO §5, Figure 1) and whether it f
 GPU sends per step, on a ring (exact) and as the paper counts them for large N (2Ψ, 2Ψ, 2Ψ, 3Ψ, ZeRO §7),
 and how long that takes on the link; with `--gpus-per-node` or `--collectives`, how much of it stays inside
 a node and how much crosses between nodes (`zero_core.topology`'s closed forms); then DeepSpeed's own
-estimators beside the paper's formulas.
+estimators beside the paper's formulas. With `--configs` or `--machine`, one more table: configurations beyond
+the paper's stages (offload, hpZ, qwZ, ZeRO++, HSDP; `zero_core.configurations`) with memory, traffic by link
+and, on a machine, the predicted step time (`zero_core.cli.configs`).
 Nothing is trained: this is `zero_core.formulas` with human units in and out.
 """
 
@@ -19,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from zero_core import formulas
+from zero_core.cli import configs as config_table
 from zero_core.cli.compare import FORMULA as MEMORY_FORMULA
 from zero_core.cli.compare import PARTITIONED, add_topology_arguments, link_title, links_asked, topology_of
 from zero_core.cli.errors import UsageError
@@ -31,6 +34,7 @@ from zero_core.topology import RING, Topology, pass_split
 from zero_core.units import GB, GiB, format_count, format_seconds, parse_bandwidth, parse_bytes, parse_count
 
 PAPER_PASSES = {0: 2, 1: 2, 2: 2, 3: 3}
+CONFIG_STAGES = ("zero0", "zero1", "zero2", "zero3")
 BYTES_PER_ELEMENT = 2
 MODEL_STATES_NOTE = (
     "Model states only: fp16 parameters and gradients, fp32 Adam master weights, momentum and variance\n"
@@ -125,6 +129,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="parameters of the largest layer, for DeepSpeed's ZeRO-3 estimate (default: left out)",
     )
     add_topology_arguments(p, "--gpus")
+    config_table.add_arguments(p, default_configs=",".join(CONFIG_STAGES))
     p.add_argument("--json", metavar="PATH", help="also write the numbers as JSON")
 
 
@@ -241,10 +246,27 @@ def run(args: argparse.Namespace) -> int:
     gpu_memory = gpu_memory_argument(args.gpu_memory)
     json_path = check_json_path(args.json)
     psi, n_gpus, unit = args.params, args.gpus, display_unit(args.gpu_memory)
+    machine = config_table.machine_of(args.machine)
+    if args.gpus_per_node is None and machine and n_gpus % machine.gpus_per_node == 0:
+        args.gpus_per_node = machine.gpus_per_node
     topology = topology_of(args, n_gpus, "--gpus")
     rows = stage_rows(psi, n_gpus, gpu_memory, args.bandwidth, args.latency, topology, args.collectives)
     ds_rows = deepspeed_rows(psi, n_gpus, args.largest_layer)
-    print(render(args, psi, n_gpus, gpu_memory, unit, rows, ds_rows, topology))
+    extra = []
+    if args.configs or machine:
+        chosen = config_table.parse(args.configs or ",".join(CONFIG_STAGES))
+        extra = config_table.rows(
+            chosen, psi, n_gpus, topology.gpus_per_node, gpu_memory, machine, args.tokens_per_gpu, args.collectives
+        )
+    text = render(args, psi, n_gpus, gpu_memory, unit, rows, ds_rows, topology)
+    if extra:
+        where = f"on {machine.name}, {args.tokens_per_gpu:,} tokens per GPU" if machine else "(no --machine: no times)"
+        title = (
+            f"Configurations: model states per GPU, bytes sent per GPU per step, predicted step {where}\n"
+            f"{link_title(topology, args.collectives)}"
+        )
+        text += "\n\n" + config_table.render(extra, show_bytes, unit, title) + "\n" + config_table.NOTES
+    print(text)
     if json_path is not None:
         write_json(
             json_path,
@@ -262,6 +284,8 @@ def run(args: argparse.Namespace) -> int:
                 "model_states_only": True,
                 "stages": rows,
                 "deepspeed": ds_rows,
+                **({"machine": machine.name if machine else None, "tokens_per_gpu": args.tokens_per_gpu,
+                    "configurations": extra} if extra else {}),
             },
         )
         print(f"\nwrote {json_path}")

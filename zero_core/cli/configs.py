@@ -1,0 +1,142 @@
+"""The configurations table shared by `table --configs` and `plan --nodes`: memory, traffic, step time, fit.
+
+One row per configuration of `zero_core.configurations` for Ψ on N GPUs in nodes of G: GPU and host bytes
+per GPU, bytes sent per GPU per step inside and across nodes, PCIe bytes, the predicted step time on a
+`zero_core.time_model` machine (`zero_core.configuration_time`) and whether the model states fit.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from zero_core import configuration_time, configurations
+from zero_core.cli.errors import UsageError
+from zero_core.cli.render import table
+from zero_core.time_model import MACHINES, Machine
+from zero_core.units import format_seconds
+
+DEFAULT_TOKENS_PER_GPU = 4096
+
+
+def add_arguments(p: argparse.ArgumentParser, default_configs: str) -> None:
+    p.add_argument(
+        "--configs",
+        help=f"configurations, comma-separated: {', '.join(configurations.CONFIGURATIONS)}, hsdp:S "
+        f"(default {default_configs})",
+    )
+    p.add_argument("--machine", choices=sorted(MACHINES), help="a machine preset, for predicted step times")
+    p.add_argument(
+        "--tokens-per-gpu",
+        type=int,
+        default=DEFAULT_TOKENS_PER_GPU,
+        help=f"tokens each GPU trains per step, for step times (default {DEFAULT_TOKENS_PER_GPU})",
+    )
+
+
+def parse(text: str, option: str = "--configs") -> list[configurations.Configuration]:
+    try:
+        return configurations.parse_configurations(text)
+    except ValueError as error:
+        raise UsageError(f"{option}: {error}") from None
+
+
+def machine_of(name: str | None) -> Machine | None:
+    return MACHINES[name] if name else None
+
+
+def rows(
+    configs: list[configurations.Configuration],
+    psi: int,
+    n_gpus: int,
+    gpus_per_node: int,
+    gpu_memory: int,
+    machine: Machine | None,
+    tokens_per_gpu: int,
+    algorithm: str,
+) -> list[dict[str, Any]]:
+    """One dict per configuration, in bytes and seconds; `step_s` is None without a machine."""
+    if tokens_per_gpu < 1:
+        raise UsageError(f"--tokens-per-gpu must be at least 1, got {tokens_per_gpu}")
+    layers = configuration_time.model_layers(psi, tokens_per_gpu) if machine else None
+    out = []
+    for config in configs:
+        try:
+            cost = configurations.cost(config, psi, n_gpus, gpus_per_node, algorithm)
+            shard = configurations.shard_group_size(config, n_gpus, gpus_per_node)
+            prediction = (
+                configuration_time.predict(config, layers, machine, n_gpus, gpus_per_node) if machine else None
+            )
+        except ValueError as error:
+            raise UsageError(f"--configs: {error}") from None
+        host_per_node = cost.host_bytes * gpus_per_node
+        host_fits = not machine or not machine.host_memory_bytes or host_per_node <= machine.host_memory_bytes
+        out.append(
+            {
+                "config": config.name,
+                "label": f"HSDP, S = {shard}" if config.hsdp else config.label,
+                "stage": config.stage,
+                "shard_group": shard,
+                "gpu_formula": cost.gpu_formula,
+                "host_formula": cost.host_formula,
+                "gpu_bytes": cost.gpu_bytes,
+                "host_bytes_per_gpu": cost.host_bytes,
+                "host_bytes_per_node": host_per_node,
+                "fits": cost.gpu_bytes <= gpu_memory and host_fits,
+                "comm_bytes_intra_node": cost.intra_node_bytes,
+                "comm_bytes_inter_node": cost.inter_node_bytes,
+                "comm_bytes_inter_node_max": cost.inter_node_bytes_max,
+                "pcie_bytes_to_host": cost.pcie_down_bytes,
+                "pcie_bytes_to_gpu": cost.pcie_up_bytes,
+                "step_s": prediction.step_s if prediction else None,
+                "compute_s": prediction.compute_s if prediction else None,
+                "exposed_comm_s": prediction.exposed_comm_s if prediction else None,
+                "tokens_per_s_per_gpu": tokens_per_gpu / prediction.step_s if prediction else None,
+            }
+        )
+    return out
+
+
+def ranked(found: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Configurations that fit, fastest first; equal step times (to the microsecond) by less GPU memory."""
+    return sorted(
+        (r for r in found if r["fits"]),
+        key=lambda r: (round(r["step_s"], 6) if r["step_s"] is not None else 0.0, r["gpu_bytes"]),
+    )
+
+
+def render(
+    found: list[dict[str, Any]], show_bytes: Any, unit: str, title: str, numbered: bool = False
+) -> str:
+    """The rows as a table; `show_bytes(bytes, unit)` formats memory and traffic."""
+    timed = any(r["step_s"] is not None for r in found)
+    headers = ["#"] * numbered + ["configuration", "GPU formula", "GPU", "host/GPU", "fits"]
+    headers += ["intra-node/GPU", "inter-node/GPU", "inter-node, busiest", "PCIe each way"]
+    headers += ["step time", "exposed comm", "tokens/s/GPU"] * timed
+    body = []
+    for rank, r in enumerate(found, start=1):
+        row = [str(rank)] * numbered + [
+            r["label"],
+            r["gpu_formula"],
+            show_bytes(r["gpu_bytes"], unit),
+            show_bytes(r["host_bytes_per_gpu"], unit) if r["host_bytes_per_gpu"] else "-",
+            "yes" if r["fits"] else "no",
+            show_bytes(r["comm_bytes_intra_node"], unit),
+            show_bytes(r["comm_bytes_inter_node"], unit),
+            show_bytes(r["comm_bytes_inter_node_max"], unit),
+            show_bytes(r["pcie_bytes_to_host"], unit) if r["pcie_bytes_to_host"] else "-",
+        ]
+        if timed:
+            row += [format_seconds(r["step_s"]), format_seconds(r["exposed_comm_s"])]
+            row.append(f"{r['tokens_per_s_per_gpu']:,.0f}")
+        body.append(row)
+    return table(headers, body, title=title)
+
+
+NOTES = (
+    "G = GPUs per node, S = HSDP's shard group. hpZ's 2Ψ/G is its secondary fp16 copy of the weights; qwZ\n"
+    "and qgZ send int8 and int4 with one fp32 scale per 2048 elements; offload keeps fp32 master weights, Adam\n"
+    "states and the gradient partition on the host (14Ψ/N per GPU) and moves 2Ψ/N over PCIe each way.\n"
+    "Step time: `zero_core.configuration_time` (compute and collectives overlapped per layer, α-β links, host\n"
+    "Adam at the node's DRAM bandwidth); model states only, activations need room on top."
+)
