@@ -23,10 +23,10 @@ import math
 from zero_core.configurations import FP16_BYTES, PHASES, Collective, Configuration, collectives, shard_group_size
 from zero_core.time_model import (
     ADAM_BYTES_PER_PARAM,
-    Interval,
     Layer,
     Machine,
     StepPrediction,
+    Streams,
     collective_seconds,
     transformer_layers,
 )
@@ -56,18 +56,6 @@ def group_seconds(machine: Machine, c: Collective, layer_params: float) -> float
     return collective_seconds(group_machine, op, layer_params * c.share * c.bytes_per_element, c.group_size)
 
 
-class _Streams:
-    def __init__(self) -> None:
-        self.free = {"compute": 0.0, "comm": 0.0, "pcie": 0.0}
-        self.intervals: list[Interval] = []
-
-    def run(self, stream: str, kind: str, name: str, seconds: float, ready: float = 0.0) -> float:
-        start = max(self.free[stream], ready)
-        self.free[stream] = start + seconds
-        self.intervals.append(Interval(stream, kind, name, start, start + seconds))
-        return start + seconds
-
-
 def predict(
     config: Configuration,
     layers: list[Layer],
@@ -86,7 +74,7 @@ def predict(
         raise ValueError(f"{config.name} on {machine.name}: the machine has no PCIe or host memory bandwidth")
     plan = collectives(config, n_gpus, g)
     by_phase = {phase: [c for c in plan if c.phase == phase] for phase in PHASES}
-    s, count, k = _Streams(), len(layers), prefetch_depth
+    s, count, k = Streams(("compute", "comm", "pcie")), len(layers), prefetch_depth
 
     def comm(phase: str, i: int, ready: float, when: str = "") -> float:
         done = ready

@@ -250,9 +250,11 @@ class StepPrediction:
         return self.step_s - self.compute_s
 
 
-class _Streams:
-    def __init__(self) -> None:
-        self.free = {"compute": 0.0, "comm": 0.0}
+class Streams:
+    """Streams that each run one interval at a time, in the order they are given work (compute, comm, ...)."""
+
+    def __init__(self, names: tuple[str, ...] = ("compute", "comm")) -> None:
+        self.free = dict.fromkeys(names, 0.0)
         self.intervals: list[Interval] = []
 
     def run(self, stream: str, kind: str, name: str, seconds: float, ready: float = 0.0) -> float:
@@ -276,7 +278,7 @@ def predict_step(
         raise ValueError(f"ZeRO stage must be 0, 1, 2 or 3, got {stage!r}")
     if prefetch_depth < 0:
         raise ValueError(f"prefetch_depth must be 0 or more layers, got {prefetch_depth}")
-    s, count, k = _Streams(), len(layers), prefetch_depth
+    s, count, k = Streams(), len(layers), prefetch_depth
 
     def comm(op: str, i: int, ready: float, when: str = "") -> float:
         seconds = collective_seconds(machine, op, layers[i].params * bytes_per_element, n_gpus)

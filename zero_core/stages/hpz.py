@@ -26,10 +26,9 @@ import torch
 import torch.nn as nn
 
 from zero_core import dist, memory
-from zero_core.context import current
 from zero_core.partition import FlatPartition, unflatten
 from zero_core.stages.base import TrainConfig
-from zero_core.stages.hsdp import node_groups
+from zero_core.stages.hsdp import this_ranks_groups
 from zero_core.stages.sharding import LayerShard
 from zero_core.stages.zero3 import Zero3
 
@@ -98,10 +97,7 @@ class HpzZero3(Zero3):
         *,
         gpus_per_node: int | None = None,
     ) -> None:
-        ctx = current()
-        self.gpus_per_node = gpus_per_node or ctx.world_size
-        shards, _ = node_groups(ctx.world_size, self.gpus_per_node)
-        self.node_group = shards[ctx.rank // self.gpus_per_node]
+        self.gpus_per_node, self.node_group, _ = this_ranks_groups(gpus_per_node)
         super().__init__(config, functions)
 
     def setup(self, model: nn.Module, initial: dict[str, torch.Tensor]) -> None:

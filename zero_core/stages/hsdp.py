@@ -55,6 +55,14 @@ def node_groups(world_size: int, gpus_per_node: int) -> tuple[list[dist.ProcessG
     return shards, replicas
 
 
+def this_ranks_groups(gpus_per_node: int | None) -> tuple[int, dist.ProcessGroup, dist.ProcessGroup]:
+    """(G, this rank's node group, this rank's replica group); G defaults to every rank on one node."""
+    ctx = current()
+    gpus_per_node = gpus_per_node or ctx.world_size
+    shards, replicas = node_groups(ctx.world_size, gpus_per_node)
+    return gpus_per_node, shards[ctx.rank // gpus_per_node], replicas[ctx.rank % gpus_per_node]
+
+
 class ShardGroupReduceScatter(InFlightReduceScatter):
     """A gradient reduce-scatter in the shard group, completed by an all-reduce of the shard across replicas."""
 
@@ -120,11 +128,7 @@ class HybridZero3(Zero3):
         *,
         gpus_per_node: int | None = None,
     ) -> None:
-        ctx = current()
-        self.gpus_per_node = gpus_per_node or ctx.world_size
-        shards, replicas = node_groups(ctx.world_size, self.gpus_per_node)
-        self.shard_group = shards[ctx.rank // self.gpus_per_node]
-        self.replica_group = replicas[ctx.rank % self.gpus_per_node]
+        self.gpus_per_node, self.shard_group, self.replica_group = this_ranks_groups(gpus_per_node)
         self.shard_rank = dist.get_rank(self.shard_group)
         """This rank's index in its node: which 1/G of every layer it owns."""
         super().__init__(config, functions)
