@@ -291,3 +291,10 @@ def test_leaving_flushes_both_streams_and_exits_with_the_code() -> None:
         [sys.executable, "-c", program], cwd=ROOT, env=buffered, capture_output=True, text=True, timeout=60
     )
     assert (done.returncode, done.stdout, done.stderr) == (3, "written", "said")
+
+
+def test_the_launcher_imports_no_plotting_library() -> None:
+    """A cluster's environment runs `zero_core.launch` with torch and little else (the oldest-torch venv has no
+    matplotlib): the launcher, and the CLI it shares code with, must not import one."""
+    code = "import sys, zero_core.launch; sys.exit('matplotlib' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1]).returncode == 0

@@ -25,10 +25,12 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-
-from matplotlib.figure import Figure
+from typing import TYPE_CHECKING
 
 from zero_core.formulas import busbw_factor
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 GBPS = 1e9 / 8
 """Bytes per second in one Gb/s (network links are sold in bits)."""
@@ -393,6 +395,7 @@ def write_chrome_trace(predictions: list[StepPrediction], path: str | Path) -> P
 
 def timeline_figure(predictions: list[StepPrediction]) -> Figure:
     """One row pair (compute, comm) per prediction, intervals coloured by kind, on a shared time axis."""
+    from matplotlib.figure import Figure  # imported here: the launcher and the CLI import this module
     fig = Figure(figsize=(10, 1.1 + 1.0 * len(predictions)), layout="constrained")
     ax = fig.add_subplot()
     labels, ticks = [], []
