@@ -34,6 +34,11 @@ ALL_GATHER = "all_gather"
 BROADCAST = "broadcast"
 BARRIER = "barrier"
 OPS = (ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER, BROADCAST, BARRIER)
+D2H = "d2h"
+H2D = "h2d"
+PCIE_OPS = (D2H, H2D)
+"""Copies between a rank's GPU and its host (ZeRO-Offload): on the ledger with their bytes, on no network
+link. They move `elements x element_size` bytes over the GPU's PCIe link and none on the ring."""
 
 
 def _chunk_bytes(total_bytes: int, element_size: int, world_size: int, index: int) -> int:
@@ -47,7 +52,7 @@ def ring_bytes(
 ) -> tuple[int, int]:
     """(bytes sent, bytes received) by `rank` for one collective on a buffer of `full_bytes`."""
     n = world_size
-    if n == 1 or op == BARRIER or full_bytes == 0:
+    if n == 1 or op in (BARRIER, *PCIE_OPS) or full_bytes == 0:
         return 0, 0
 
     def chunk(index: int) -> int:
@@ -69,7 +74,7 @@ def ring_bytes(
 
 def ring_messages(op: str, world_size: int) -> int:
     """Sequential ring steps (each pays the link latency once): 2(N-1) for all-reduce, N-1 otherwise."""
-    if world_size == 1:
+    if world_size == 1 or op in PCIE_OPS:
         return 0
     if op == ALL_REDUCE:
         return 2 * (world_size - 1)
@@ -193,16 +198,19 @@ class CommSummary:
 
 
 def summarize(entries: list[CommEntry]) -> CommSummary:
+    """Collectives and their ring bytes; host copies (`PCIE_OPS`) count in `by_op` only (`pcie_bytes`)."""
     ops: Counter[str] = Counter()
     by_tag: defaultdict[str, int] = defaultdict(int)
     summary = CommSummary()
     for e in entries:
+        ops[e.op] += 1
+        if e.op in PCIE_OPS:
+            continue
         summary.collectives += 1
         summary.bytes_sent += e.bytes_sent
         summary.bytes_received += e.bytes_received
         summary.elements_sent += e.elements_sent
         summary.seconds += e.seconds
-        ops[e.op] += 1
         by_tag[e.tag] += e.bytes_sent
     summary.by_op = dict(ops)
     summary.bytes_sent_by_tag = dict(by_tag)
@@ -234,6 +242,12 @@ class CommLedger:
             self.rank_summary(r, step=step, exclude_tags=exclude_tags).elements_sent for r in range(self.world_size)
         )
         return total / self.world_size
+
+    def pcie_bytes(self, rank: int, op: str, *, step: int | None = None) -> int:
+        """Bytes `rank` copied over its PCIe link: `op` is "d2h" (GPU to host) or "h2d" (host to GPU)."""
+        if op not in PCIE_OPS:
+            raise ValueError(f"unknown host copy {op!r}; expected one of {PCIE_OPS}")
+        return sum(e.elements * e.element_size for e in self.entries(rank, step=step) if e.op == op)
 
     def steps(self) -> list[int]:
         return sorted({e.step for ledger in self.ranks for e in ledger.entries})

@@ -62,6 +62,8 @@ __all__ = [
     "all_reduce",
     "barrier",
     "broadcast",
+    "copy_to_device",
+    "copy_to_host",
     "get_rank",
     "get_world_size",
     "is_initialized",
@@ -391,3 +393,44 @@ def barrier(
 
 reduce_scatter_tensor = reduce_scatter_single
 all_gather_into_tensor = all_gather_single
+
+
+def _copy(op: str, destinations: list[torch.Tensor], sources: list[torch.Tensor], tag: str | None) -> None:
+    if len(destinations) != len(sources) or any(d.shape != s.shape for d, s in zip(destinations, sources, strict=True)):
+        raise ValueError(
+            f"rank {get_rank()}: {op} copies {[list(s.shape) for s in sources]} into "
+            f"{[list(d.shape) for d in destinations]}; give one destination of the same shape per source"
+        )
+    ctx = current()
+    started = time.perf_counter()
+    torch._foreach_copy_(destinations, sources)
+    element_size = destinations[0].element_size() if destinations else 1
+    ctx.ledger.record(
+        op,
+        tag=tag or op,
+        dtype=_dtype_name(destinations[0]) if destinations else "",
+        full_bytes=sum(d.numel() for d in destinations) * element_size,
+        element_size=element_size,
+        step=ctx.step,
+        phase=ctx.phase,
+        seconds=time.perf_counter() - started,
+        started_s=started,
+    )
+
+
+def copy_to_host(
+    host: torch.Tensor | list[torch.Tensor], device: torch.Tensor | list[torch.Tensor], *, tag: str | None = None
+) -> None:
+    """Copy GPU tensors into host tensors (in the destination's dtype), recorded as one "d2h" on the ledger.
+
+    Not a torch.distributed call: ZeRO-Offload's PCIe traffic (its §4.2), counted like a collective so the
+    ledger holds every byte a rank moves. It puts no bytes on the network (`comm.PCIE_OPS`).
+    """
+    _copy(comm.D2H, *(list(t) if isinstance(t, list) else [t] for t in (host, device)), tag)
+
+
+def copy_to_device(
+    device: torch.Tensor | list[torch.Tensor], host: torch.Tensor | list[torch.Tensor], *, tag: str | None = None
+) -> None:
+    """Copy host tensors into GPU tensors (in the destination's dtype), recorded as one "h2d" on the ledger."""
+    _copy(comm.H2D, *(list(t) if isinstance(t, list) else [t] for t in (device, host)), tag)

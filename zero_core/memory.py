@@ -45,6 +45,10 @@ ACTIVATIONS = "activations"
 TEMPORARY = "temporary"
 UNTRACKED = "untracked"
 PADDING = "padding"
+HOST_GRAD = "host.grad.fp16"
+HOST_MASTER = "host.master.fp32"
+HOST_ADAM_M = "host.adam.m"
+HOST_ADAM_V = "host.adam.v"
 
 MODEL_STATES = (PARAM, GRAD, MASTER, ADAM_M, ADAM_V)
 """The paper's model states (ZeRO §3.1). "fp16" names the low-precision training copy (bf16 or fp32 too)."""
@@ -57,9 +61,13 @@ UNLABELLED = (TEMPORARY, UNTRACKED)
 """What the audit alone saw: op outputs alive inside their phase (`temporary`) and those that outlived it
 (`untracked`)."""
 
-CATEGORIES = MODEL_STATES + TRANSIENTS + (ACTIVATIONS,) + UNLABELLED + (PADDING,)
+HOST_STATES = (HOST_GRAD, HOST_MASTER, HOST_ADAM_M, HOST_ADAM_V)
+"""Model states kept in the host's memory, not the GPU's (ZeRO-Offload §4): counted apart, never in
+`MODEL_STATES`, so a GPU's model-state total stays what the GPU holds."""
 
-_LABELS = frozenset(MODEL_STATES + TRANSIENTS + (ACTIVATIONS, PADDING))
+CATEGORIES = MODEL_STATES + TRANSIENTS + (ACTIVATIONS,) + UNLABELLED + (PADDING,) + HOST_STATES
+
+_LABELS = frozenset(MODEL_STATES + TRANSIENTS + (ACTIVATIONS, PADDING) + HOST_STATES)
 
 
 class MemoryEvent(NamedTuple):
@@ -175,6 +183,19 @@ class MemoryTracker:
                 held.released = True
                 if held.nbytes != storage.nbytes():
                     self._resize(held, storage.nbytes())
+
+    def move(self, tensor: torch.Tensor, category: str) -> None:
+        """Count `tensor`'s named storage under `category` from now on (offload moves the optimizer states
+        to the host category after the shared setup has registered them on the GPU)."""
+        if category not in _LABELS:
+            raise ValueError(f"unknown memory category {category!r}; use one of {sorted(_LABELS)}")
+        with self._lock:
+            held = self._live.get(storage_key(tensor))
+            if held is None:
+                raise ValueError(f"move to {category!r}: the tracker does not hold this storage; register it")
+            self._count(held, -1)
+            held.category = category
+            self._count(held, 1)
 
     def category_of(self, tensor: torch.Tensor) -> str | None:
         """The category `tensor`'s storage counts under, or None if the tracker has not seen it."""
@@ -321,6 +342,8 @@ class MemoryTracker:
         now = self._current[category] = self._current[category] + delta
         if now > self._peak[category]:
             self._peak[category] = now
+        if category in HOST_STATES:
+            return  # the host's bytes are not the GPU's: out of its total (the timeline records no event)
         self._total += delta
         if self._total > self._peak_total:
             self._peak_total = self._total

@@ -45,7 +45,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import NamedTuple
 
-from zero_core.comm import ALL_GATHER, ALL_REDUCE, BARRIER, BROADCAST, OPS, REDUCE_SCATTER, ring_bytes
+from zero_core.comm import ALL_GATHER, ALL_REDUCE, BARRIER, BROADCAST, OPS, PCIE_OPS, REDUCE_SCATTER, ring_bytes
 
 RING = "ring"
 HIERARCHICAL = "hierarchical"
@@ -155,6 +155,8 @@ def link_bytes(
     """
     if algorithm not in ALGORITHMS:
         raise ValueError(f"unknown collective algorithm {algorithm!r}; expected one of {ALGORITHMS}")
+    if op in PCIE_OPS:
+        return LinkTraffic()  # a host copy takes the GPU's PCIe link, neither class of network link
     if op not in OPS:
         raise ValueError(f"unknown collective {op!r}; expected one of {OPS}")
     n = topology.world_size

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from zero_core import memory
 from zero_core.cli.errors import UsageError
 from zero_core.cli.render import mb, table
 from zero_core.cluster import MAX_WORLD_SIZE
@@ -36,9 +37,18 @@ PARTITIONED = {
     3: "+ parameters",
     "hsdp": "all, within a node",
     "hpz": "all, + node copy of params",
+    "offload": "+ gradients; states on host",
 }
-FORMULA = {0: "16Ψ", 1: "4Ψ + 12Ψ/N", 2: "2Ψ + 14Ψ/N", 3: "16Ψ/N", "hsdp": "16Ψ/G", "hpz": "16Ψ/N (+2Ψ/G)"}
-NODE_STAGE_LABELS = {"hsdp": "HSDP", "hpz": "ZeRO++ hpZ"}
+FORMULA = {
+    0: "16Ψ",
+    1: "4Ψ + 12Ψ/N",
+    2: "2Ψ + 14Ψ/N",
+    3: "16Ψ/N",
+    "hsdp": "16Ψ/G",
+    "hpz": "16Ψ/N (+2Ψ/G)",
+    "offload": "2Ψ + 2Ψ/N",
+}
+NODE_STAGE_LABELS = {"offload": "ZeRO-Offload", "hsdp": "HSDP", "hpz": "ZeRO++ hpZ"}
 MAX_STEPS = 10_000
 
 
@@ -49,7 +59,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--stages",
         default="0,1,2,3",
-        help="comma-separated stages: 0-3, hsdp (ZeRO-3 in a node, replicas across nodes), hpz (ZeRO++ hpZ) "
+        help="comma-separated stages: 0-3, offload (ZeRO-Offload), hsdp (ZeRO-3 in a node, replicas across nodes), "
+        "hpz (ZeRO++ hpZ) "
         "(default 0,1,2,3)",
     )
     p.add_argument("--preset", default="tiny", help=f"model size: {', '.join(PRESETS)} (default tiny)")
@@ -128,10 +139,10 @@ def parse_stages(text: str) -> list[int | str]:
     try:
         stages = [int(part) for part in parts if part not in NODE_STAGE_LABELS]
     except ValueError:
-        raise UsageError(f"--stages takes stage numbers like 0,1,2,3 (or hsdp, hpz), got {text!r}") from None
+        raise UsageError(f"--stages takes stage numbers like 0,1,2,3 (or offload, hsdp, hpz), got {text!r}") from None
     bad = [s for s in stages if s not in (0, 1, 2, 3)]
     if bad or not parts:
-        raise UsageError(f"--stages takes stages from 0 to 3, hsdp or hpz, like 0,1,2,3; got {text!r}")
+        raise UsageError(f"--stages takes stages from 0 to 3, offload, hsdp or hpz, like 0,1,2,3; got {text!r}")
     return [*sorted(set(stages)), *(name for name in NODE_STAGE_LABELS if name in named)]
 
 
@@ -152,7 +163,9 @@ def check(args: argparse.Namespace) -> list[int]:
         raise UsageError(f"--plots: {args.plots} exists and is not a folder")
     stages = parse_stages(args.stages)
     if (args.plots or args.trace) and any(isinstance(s, str) for s in stages):
-        raise UsageError("--plots and --trace draw the stages 0-3 only; leave hsdp and hpz out of --stages for them")
+        raise UsageError(
+            "--plots and --trace draw the stages 0-3 only; leave offload, hsdp and hpz out of --stages for them"
+        )
     return stages
 
 
@@ -321,7 +334,33 @@ def render(
             "storage a rank allocated; untracked: bytes held after the step that no category names)"
         ),
     )
-    return "\n\n".join([states, same, compute, breakdown])
+    return "\n\n".join([states, same, compute, breakdown, *host_table(reports)])
+
+
+def host_table(reports: list[StageReport]) -> list[str]:
+    """ZeRO-Offload's host memory and PCIe copies per GPU, beside its formulas (none without offload)."""
+    rows = []
+    for r in reports:
+        if r.stage != "offload" or r.ledger is None:
+            continue
+        n, psi, step = r.world_size, r.psi, r.steps - 1
+        host = sum(r.peak_bytes_by_category_max[c] for c in memory.HOST_STATES)
+        down = sum(r.ledger.pcie_bytes(k, "d2h", step=step) for k in range(n)) / n
+        up = sum(r.ledger.pcie_bytes(k, "h2d", step=step) for k in range(n)) / n
+        rows.append(
+            [
+                stage_label(r.stage),
+                f"{mb(host)} ({host / psi:.2f}Ψ)",
+                "14Ψ/N",
+                f"{down / psi:.4f}Ψ B",
+                f"{up / psi:.4f}Ψ B",
+                "2Ψ/N each way",
+            ]
+        )
+    if not rows:
+        return []
+    headers = ["stage", "host/GPU", "formula", "PCIe d2h/step", "PCIe h2d/step", "formula"]
+    return [table(headers, rows, title="Host memory and PCIe bytes per GPU (last step; no network bytes)")]
 
 
 def link_title(topology: Topology, algorithm: str) -> str:

@@ -6,7 +6,8 @@ modules that hold an exercise's answer.
 
 `STAGES` are the paper's four, by number. `NODE_STAGES` are the stages that need to know the nodes
 (`gpus_per_node`), by name: "hsdp" (ZeRO-3 inside a node, replicated across nodes) and "hpz" (ZeRO++'s
-hierarchical partitioning).
+hierarchical partitioning). `NAMED_STAGES` are every stage named by a string: the node stages and
+"offload" (ZeRO-Offload: ZeRO-2 with the optimizer on the host).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from zero_core.stages.base import TrainConfig, ZeroStage
 if TYPE_CHECKING:
     from zero_core.stages.hpz import HpzZero3
     from zero_core.stages.hsdp import HybridZero3
+    from zero_core.stages.offload import OffloadZero2
     from zero_core.stages.zero0 import Zero0
     from zero_core.stages.zero1 import Zero1
     from zero_core.stages.zero2 import Zero2
@@ -31,17 +33,19 @@ _STAGE_MODULES = {
     "Zero3": "zero3",
     "HybridZero3": "hsdp",
     "HpzZero3": "hpz",
+    "OffloadZero2": "offload",
 }
 _NODE_STAGES = {"hsdp": "HybridZero3", "hpz": "HpzZero3"}
+_NAMED_STAGES = {"offload": "OffloadZero2", **_NODE_STAGES}
 
 
 def stage_class(stage: int | str) -> type[ZeroStage]:
-    """The class of a stage number (0-3) or name ("hsdp", "hpz"), its module imported now."""
+    """The class of a stage number (0-3) or name ("offload", "hsdp", "hpz"), its module imported now."""
     if stage in (0, 1, 2, 3):
         return __getattr__(f"Zero{stage}")
-    if stage in _NODE_STAGES:
-        return __getattr__(_NODE_STAGES[stage])
-    raise ValueError(f"unknown stage {stage!r}; choose from 0, 1, 2, 3, {', '.join(map(repr, _NODE_STAGES))}")
+    if stage in _NAMED_STAGES:
+        return __getattr__(_NAMED_STAGES[stage])
+    raise ValueError(f"unknown stage {stage!r}; choose from 0, 1, 2, 3, {', '.join(map(repr, _NAMED_STAGES))}")
 
 
 def __getattr__(name: str) -> Any:
@@ -52,14 +56,18 @@ def __getattr__(name: str) -> Any:
         return stages
     if name == "NODE_STAGES":
         return {key: __getattr__(cls) for key, cls in _NODE_STAGES.items()}
+    if name == "NAMED_STAGES":
+        return {key: __getattr__(cls) for key, cls in _NAMED_STAGES.items()}
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = [
+    "NAMED_STAGES",
     "NODE_STAGES",
     "STAGES",
     "HpzZero3",
     "HybridZero3",
+    "OffloadZero2",
     "TrainConfig",
     "ZeroStage",
     "stage_class",
