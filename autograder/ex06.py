@@ -22,7 +22,7 @@ import torch.nn as nn
 
 from autograder.checks import Check, CheckFailed
 from autograder.harness import graded_stage
-from autograder.integrity import StudentShard, answer_modules
+from autograder.integrity import REFERENCE_MODULES, StudentShard, answer_modules
 from autograder.records import Run
 from autograder.stage_checks import HIDDEN_WORLD_SIZES, VISIBLE_WORLD_SIZES, StageExercise
 from autograder.verdicts import (
@@ -38,6 +38,8 @@ from zero_core.stages.base import OVERFLOW_TAG
 from zero_core.stages.zero2_bucketed import BucketedZero2
 
 ASSIGNMENT = "ex06_bucketed_overlap"
+FORBIDDEN = REFERENCE_MODULES + ("zero_core.schedule",)
+"""The overlap check reads the stage's schedule marks: a submission may not make marks of its own."""
 ANSWER_MODULES = answer_modules(("zero_core.stages.zero1", "zero_core.stages.zero2", "zero_core.stages.zero2_linear"))
 """Not loaded, and not loadable, where the student's code is graded (`autograder.sandbox`). ZeRO-2's layer
 Functions are ex03's answer, due before this exercise: here they are the scaffolding."""
@@ -189,6 +191,7 @@ EXERCISE = StageExercise(
     memory_summary="every bucket registered, at most B bytes of buckets alive at once, no full gradient kept",
     communication_summary="the fewest reduce-scatters buckets of at most B bytes allow, each layer's gradient once; "
     "the reference's all-gathers",
+    forbidden=FORBIDDEN,
 )
 
 

@@ -34,6 +34,8 @@ from zero_core.stages.base import layer_tag
 from zero_core.stages.zero3_prefetching import PrefetchingZero3
 
 ASSIGNMENT = "ex07_zero3_prefetch"
+FORBIDDEN = REFERENCE_MODULES + ("zero_core.schedule",)
+"""The schedule check reads the stage's marks: a submission may not make marks of its own."""
 ANSWER_MODULES = answer_modules(
     ("zero_core.stages.zero1", "zero_core.stages.zero2", "zero_core.stages.zero3", "zero_core.stages.zero3_gather")
 )
@@ -199,7 +201,7 @@ EXERCISE = StageExercise(
     "alive after forward, backward or the step",
     communication_summary="an all-gather per layer in forward, another in backward, a reduce-scatter per layer: "
     "the reference's 3Ψ",
-    forbidden=REFERENCE_MODULES + ("zero_core.schedule",),
+    forbidden=FORBIDDEN,
 )
 
 
