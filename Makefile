@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 PIP_OPTIONS ?=
 
 ASSIGNMENTS := ex01_collectives ex02_zero1_sharded_adam ex03_zero2_reduce_scatter_backward ex04_zero3_gather_linear \
-	ex05_memory_planning ex06_bucketed_overlap ex07_zero3_prefetch ex08_clip_and_accumulate
+	ex05_memory_planning ex06_bucketed_overlap ex07_zero3_prefetch ex08_clip_and_accumulate ex09_hierarchical_allgather
 # nbgrader's own commands need the venv's bin on PATH (it runs alembic from there): nothing to activate.
 NBGRADER := PATH="$(abspath $(VENV))/bin:$$PATH" $(abspath $(VENV))/bin/nbgrader
 # JupyterLab refuses to run as root unless told it may (containers, CI).
@@ -81,7 +81,7 @@ grade: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_collectives.py
-	$(PY) benchmarks/bench_step.py
+	$(PY) benchmarks/bench_step.py --world-sizes 8,32,128,256 --compare-world-size 256
 	$(PY) benchmarks/bench_grading.py
 	$(PY) benchmarks/crosscheck_pytorch.py
 	$(PY) benchmarks/bench_memory_audit.py

@@ -37,6 +37,7 @@ REFERENCE_CODE = (
     "zero_core.stages.zero3",
     "zero_core.stages.zero3_gather",
     "zero_core.stages.zero3_prefetch",
+    "zero_core.stages.hierarchical_gather",
     "zero_core.formulas",
     "zero_core.deepspeed_estimators",
     "zero_core.experiment",

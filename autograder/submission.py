@@ -36,6 +36,7 @@ EXERCISES = {
     "ex06_bucketed_overlap": "autograder.ex06",
     "ex07_zero3_prefetch": "autograder.ex07",
     "ex08_clip_and_accumulate": "autograder.ex08",
+    "ex09_hierarchical_allgather": "autograder.ex09",
 }
 
 

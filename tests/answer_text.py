@@ -18,7 +18,16 @@ import textwrap
 from functools import cache
 from pathlib import Path
 
-from zero_core.stages import clip_accumulate, sharding, zero1, zero2_buckets, zero2_linear, zero3_gather, zero3_prefetch
+from zero_core.stages import (
+    clip_accumulate,
+    hierarchical_gather,
+    sharding,
+    zero1,
+    zero2_buckets,
+    zero2_linear,
+    zero3_gather,
+    zero3_prefetch,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 MIN_CHARS = 12
@@ -36,6 +45,7 @@ REFERENCE_ANSWERS = {
     "ex06's GradientBuckets": zero2_buckets,
     "ex07's Prefetcher": zero3_prefetch,
     "ex08's accumulate_gradient and clip_global_norm": clip_accumulate,
+    "ex09's hierarchical_all_gather": hierarchical_gather,
 }
 
 

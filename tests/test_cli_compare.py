@@ -9,6 +9,9 @@ import sys
 import pytest
 
 from zero_core.cli import main
+from zero_core.configuration_time import model_layers, predict
+from zero_core.configurations import CONFIGURATIONS
+from zero_core.time_model import H100_800G
 
 
 def test_compare_prints_the_four_tables_and_writes_json(tmp_path, capsys) -> None:
@@ -65,6 +68,48 @@ def test_compare_hierarchical_sends_a_quarter_across_on_two_nodes_of_two(tmp_pat
         assert stage["comm_intra_node_psi_per_step"] == pytest.approx(passes / 2)
 
 
+def test_compare_predicts_every_stages_step_time_on_the_machine(tmp_path, capsys) -> None:
+    """The named stages sit in every table, the predicted times included; the times are the time model's for
+    the stage's configuration, recomputed here: hpZ's network time is below ZeRO-3's, ZeRO++'s below hpZ's."""
+    out = tmp_path / "named.json"
+    argv = ["compare", "--world-size", "4", "--steps", "1", "--preset", "micro", "--gpus-per-node", "2"]
+    argv += ["--stages", "0,3,offload,hsdp,hpz,zeropp", "--machine", "h100-800g", "--tokens-per-gpu", "2048"]
+    assert main([*argv, "--no-progress", "--json", str(out)]) == 0
+    text, data = capsys.readouterr().out, json.loads(out.read_text())
+    assert "Predicted step time on H100 80GB" in text and "Ψ = 7.5B at 2,048 tokens per GPU" in text
+    for label in ("ZeRO-Offload", "HSDP", "ZeRO++ hpZ", "ZeRO++ (ZeRO-3 + hpZ + qwZ + qgZ)"):
+        assert label in text
+    predicted = data["predicted"]
+    assert (predicted["scaled_psi"], predicted["tokens_per_gpu"]) == (7_500_000_000, 2048)
+    rows = {row["stage"]: row for row in predicted["stages"]}
+    assert list(rows) == [0, 3, "offload", "hsdp", "hpz", "zeropp"]
+    assert rows["offload"]["configuration"] == "zero2+offload"
+    expected = predict(CONFIGURATIONS["zeropp"], model_layers(7.5e9, 2048), H100_800G, 4, 2)
+    assert rows["zeropp"]["scaled_model"]["step_s"] == pytest.approx(expected.step_s)
+    comm = {stage: row["scaled_model"]["comm_s"] for stage, row in rows.items()}
+    assert comm["zeropp"] < comm["hpz"] < comm[3], "hpZ's backward gather runs on NVLink, ZeRO++ sends int8/int4"
+    assert rows["offload"]["scaled_model"]["optimizer_s"] > 10 * rows[0]["scaled_model"]["optimizer_s"] / 4
+    assert all(row["this_model"]["step_s"] > 0 for row in rows.values())
+
+
+def test_named_stages_get_figures_and_trace_processes(tmp_path, capsys) -> None:
+    trace = tmp_path / "step.json"
+    argv = ["compare", "--world-size", "2", "--steps", "2", "--preset", "micro", "--stages", "0,offload,hpz"]
+    assert main([*argv, "--no-progress", "--plots", str(tmp_path / "figures"), "--trace", str(trace)]) == 0
+    names = sorted(path.name for path in (tmp_path / "figures").iterdir())
+    assert {"memory_timeline_zero0.png", "memory_timeline_offload.png", "memory_timeline_hpz.png"} <= set(names)
+    processes = {
+        event["pid"]: event["args"]["name"]
+        for event in json.loads(trace.read_text())["traceEvents"]
+        if event["name"] == "process_name"
+    }
+    assert processes == {
+        0: "ZeRO-0, 2 virtual GPUs, step 1",
+        4: "ZeRO-Offload, 2 virtual GPUs, step 1",
+        6: "ZeRO++ hpZ, 2 virtual GPUs, step 1",
+    }
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -79,6 +124,9 @@ def test_compare_hierarchical_sends_a_quarter_across_on_two_nodes_of_two(tmp_pat
         (["--world-size", "4", "--gpus-per-node", "3"], "--gpus-per-node"),
         (["--world-size", "4", "--gpus-per-node", "0"], "--gpus-per-node"),
         (["--collectives", "tree"], "--collectives"),
+        (["--machine", "laptop"], "--machine"),
+        (["--tokens-per-gpu", "0"], "--tokens-per-gpu"),
+        (["--predict-params", "7.5X"], "--predict-params"),
     ],
 )
 def test_bad_input_gets_one_line_and_exit_code_2(args: list[str], message: str, capsys) -> None:

@@ -203,4 +203,4 @@ def test_ring_messages_count_sequential_ring_steps():
 
 def test_an_unknown_op_is_refused():
     with pytest.raises(ValueError, match="unknown collective"):
-        comm.ring_bytes("all_to_all", 16, 4, 2, 0)
+        comm.ring_bytes("all_to_some", 16, 4, 2, 0)

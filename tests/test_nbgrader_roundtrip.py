@@ -56,6 +56,10 @@ CLASS = {
         "bob": "wrong/ex08_defers_to_the_last_micro_batch.py",
         "ursula": "correct/ex08_first_micro_batch_in_place_and_gathered_norms.py",
     },
+    "ex09_hierarchical_allgather": {
+        "bob": "wrong/ex09_flat_all_gather.py",
+        "ursula": "correct/ex09_one_gather_in_the_node_then_block_swaps.py",
+    },
     "ex05_memory_planning": {
         "bob": "wrong/ex05_wrong_formula.py",
         "mallory": "wrong/ex05_forges_the_results_file.py",

@@ -476,6 +476,9 @@ class VirtualCluster:
         A rank whose collective is not complete yet gives up its turn on the CPU while it waits, and
         gets one back before it goes on.
         """
+        if meeting.done:  # set under the lock after `result`: a complete meeting needs no lock to read
+            self._raise_if_failed()
+            return meeting.result
         with self._lock:
             self._raise_if_failed()
             if meeting.done:

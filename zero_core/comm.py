@@ -14,6 +14,8 @@ Ring model, per rank r, for a full buffer of S bytes split into N chunks (chunk 
 - broadcast: a pipelined ring from `src`: every rank but the last in the chain sends S, every rank but
   `src` receives S.
 These are NCCL's bus-bandwidth factors (nccl-tests, PERFORMANCE.md): 2(N-1)/N, (N-1)/N, (N-1)/N, 1.
+An all-to-all is no ring: rank r sends its input's chunk j straight to rank j and keeps chunk r, so it
+sends (N-1)/N·S and receives as much, in N-1 messages (ZeRO++ §3.3's qgZ; `torch.distributed.all_to_all_single`).
 
 A collective in a process group (`dist.new_group`) is a ring over the group's ranks alone: N is the
 group's size and r the rank's index in the group (its ranks sorted, as torch.distributed numbers them).
@@ -33,7 +35,8 @@ REDUCE_SCATTER = "reduce_scatter"
 ALL_GATHER = "all_gather"
 BROADCAST = "broadcast"
 BARRIER = "barrier"
-OPS = (ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER, BROADCAST, BARRIER)
+ALL_TO_ALL = "all_to_all"
+OPS = (ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER, BROADCAST, BARRIER, ALL_TO_ALL)
 D2H = "d2h"
 H2D = "h2d"
 PCIE_OPS = (D2H, H2D)
@@ -69,11 +72,14 @@ def ring_bytes(
     if op == BROADCAST:
         last_in_chain = (src - 1) % n
         return (0 if rank == last_in_chain else full_bytes), (0 if rank == src else full_bytes)
+    if op == ALL_TO_ALL:
+        return full_bytes - chunk(rank), (n - 1) * chunk(rank)
     raise ValueError(f"unknown collective {op!r}; expected one of {OPS}")
 
 
 def ring_messages(op: str, world_size: int) -> int:
-    """Sequential ring steps (each pays the link latency once): 2(N-1) for all-reduce, N-1 otherwise."""
+    """Sequential ring steps (each pays the link latency once): 2(N-1) for all-reduce, N-1 otherwise (an
+    all-to-all's N-1 messages, one to each peer)."""
     if world_size == 1 or op in PCIE_OPS:
         return 0
     if op == ALL_REDUCE:
@@ -128,6 +134,10 @@ class RankLedger:
         self.rank = rank
         self.world_size = world_size
         self.entries: list[CommEntry] = []
+        self._ring_bytes: dict[tuple, tuple[int, int]] = {}
+        """(sent, received) by (op, bytes, element size, src, group): a rank repeats the same few dozen
+        collectives every step, and on the virtual cluster every microsecond of Python a collective costs is
+        paid once per rank."""
 
     def record(
         self,
@@ -146,11 +156,16 @@ class RankLedger:
         group: tuple[int, ...] = (),
     ) -> CommEntry:
         """`src`, a broadcast's source, and `group` (empty: every rank) are global ranks."""
-        if group:
-            src_index = group.index(src) if op == BROADCAST else 0
-            sent, received = ring_bytes(op, full_bytes, element_size, len(group), group.index(self.rank), src_index)
-        else:
-            sent, received = ring_bytes(op, full_bytes, element_size, self.world_size, self.rank, src)
+        key = (op, full_bytes, element_size, src, group)
+        traffic = self._ring_bytes.get(key)
+        if traffic is None:
+            if group:
+                src_index = group.index(src) if op == BROADCAST else 0
+                traffic = ring_bytes(op, full_bytes, element_size, len(group), group.index(self.rank), src_index)
+            else:
+                traffic = ring_bytes(op, full_bytes, element_size, self.world_size, self.rank, src)
+            self._ring_bytes[key] = traffic
+        sent, received = traffic
         entry = CommEntry(
             len(self.entries),
             op,

@@ -20,7 +20,16 @@ from __future__ import annotations
 
 import math
 
-from zero_core.configurations import FP16_BYTES, PHASES, Collective, Configuration, collectives, shard_group_size
+from zero_core.configurations import (
+    CONFIGURATIONS,
+    FP16_BYTES,
+    PHASES,
+    STAGE_CONFIGURATIONS,
+    Collective,
+    Configuration,
+    collectives,
+    shard_group_size,
+)
 from zero_core.time_model import (
     ADAM_BYTES_PER_PARAM,
     Layer,
@@ -28,6 +37,7 @@ from zero_core.time_model import (
     StepPrediction,
     Streams,
     collective_seconds,
+    layers_from_report,
     transformer_layers,
 )
 
@@ -129,3 +139,27 @@ def predict(
         config.stage, n_gpus, machine.name, max(s.free.values()), busy["compute"], busy["comm"], optimizer_s,
         s.intervals,
     )
+
+
+def predict_report(
+    report,
+    machine: Machine,
+    gpus_per_node: int | None = None,
+    *,
+    psi: float | None = None,
+    tokens: int | None = None,
+    prefetch_depth: int = 1,
+) -> StepPrediction:
+    """A measured run's step on `machine`: its stage's configuration (`STAGE_CONFIGURATIONS`) on the run's N and
+    nodes of `gpus_per_node` (default one node of N), for the run's own layers and FLOPs
+    (`time_model.layers_from_report`) or, with `psi` and `tokens`, for a GPT of Ψ = `psi` at `tokens` per GPU
+    (`model_layers`): what the same schedule would cost where the messages are not all latency."""
+    config = CONFIGURATIONS[STAGE_CONFIGURATIONS[report.stage]]
+    if psi is None:
+        layers = layers_from_report(report)
+    elif tokens is None:
+        raise ValueError("a model of psi parameters needs its tokens per GPU too")
+    else:
+        layers = model_layers(psi, tokens)
+    n = report.world_size
+    return predict(config, layers, machine, n, gpus_per_node or n, prefetch_depth=prefetch_depth)

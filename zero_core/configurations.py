@@ -31,8 +31,11 @@ from zero_core.topology import RING, Topology, pass_split
 
 FP16_BYTES = 2
 QUANT_BLOCK_ELEMENTS = 2048
-"""Elements per quantization block, each with one fp32 scale. An assumption: ZeRO++ quantizes blockwise
-(§3.1) and DeepSpeed picks its own block size; the scales add 4/2048 bytes per element, about 0.2%."""
+"""Elements per quantization block, each with one fp32 scale: the course's choice, also the block the ZeRO++
+stages quantize with (`zero_core.stages.qwz`, `qgz`). ZeRO++ quantizes blockwise (§3.1) and DeepSpeed sizes
+blocks per tensor: weights in groups of at most 8000 elements that divide the shard (its `CUDAQuantizer`:
+"the optimal size is 4k"; 4096 for power-of-two shards), gradients one group per row of the 2-D gradient
+(`all_to_all_quant_reduce`). The scales add 4/2048 bytes per element, about 0.2% (0.1% at 4096)."""
 INT8_BYTES = 1 + 4 / QUANT_BLOCK_ELEMENTS
 INT4_BYTES = 0.5 + 4 / QUANT_BLOCK_ELEMENTS
 PHASES = ("forward", "backward", "gradients", "after step")
@@ -55,9 +58,11 @@ class Configuration:
     def label(self) -> str:
         if self.hsdp:
             return "HSDP, S = G" if self.shard_group is None else f"HSDP, S = {self.shard_group}"
-        extras = [n for n, on in (("offload", self.offload), ("hpZ", self.hpz), ("qwZ", self.qwz)) if on]
-        if self.qgz:
+        if self.hpz and self.qwz and self.qgz:
             return "ZeRO++ (ZeRO-3 + hpZ + qwZ + qgZ)"
+        extras = [
+            n for n, on in (("offload", self.offload), ("hpZ", self.hpz), ("qwZ", self.qwz), ("qgZ", self.qgz)) if on
+        ]
         return " + ".join([f"ZeRO-{self.stage}", *extras])
 
 
@@ -72,11 +77,17 @@ CONFIGURATIONS = {
         Configuration("zero3+offload", 3, offload=True),
         Configuration("zero3+hpz", 3, hpz=True),
         Configuration("zero3+qwz", 3, qwz=True),
+        Configuration("zero3+qgz", 3, qgz=True),
         Configuration("zeropp", 3, hpz=True, qwz=True, qgz=True),
         Configuration("hsdp", 3, hsdp=True),
     )
 }
 PAPER_STAGES = ("zero0", "zero1", "zero2", "zero3")
+STAGE_CONFIGURATIONS = {
+    0: "zero0", 1: "zero1", 2: "zero2", 3: "zero3", "offload": "zero2+offload", "hsdp": "hsdp",
+    "hpz": "zero3+hpz", "qwz": "zero3+qwz", "qgz": "zero3+qgz", "zeropp": "zeropp",
+}
+"""The configuration each stage of `zero_core.stages` runs (by number or name), for its predicted time."""
 _HSDP = re.compile(r"^hsdp(?::(\d+))?$")
 
 
@@ -166,7 +177,8 @@ def collectives(config: Configuration, n_gpus: int, gpus_per_node: int) -> list[
     ZeRO-0 all-reduces gradients; ZeRO-1/2 reduce-scatter them and all-gather the updated parameters (offload
     too: the host sends each GPU its updated fp16 partition, ZeRO-Offload §4.2); ZeRO-3 all-gathers parameters
     in forward and in backward and reduce-scatters gradients (ZeRO §7). qwZ sends both all-gathers in int8;
-    hpZ's backward all-gather runs over the node, in fp16; qgZ's gradients go as int4 all-to-all inside the
+    hpZ's backward all-gather runs over the node (in int8 too with qwZ: DeepSpeed quantizes every gather once
+    quantized weights are on, as `zero_core.stages.zeropp` does); qgZ's gradients go as int4 all-to-all inside the
     node, then, each GPU holding its node's sum of a 1/G slice, as int4 all-to-all across nodes (ZeRO++ §3.3).
     HSDP runs ZeRO-3's three over its shard group, then all-reduces each 1/S gradient shard over the N/S
     replicas (FSDP2's HSDP; MiCS §3).
@@ -190,9 +202,7 @@ def collectives(config: Configuration, n_gpus: int, gpus_per_node: int) -> list[
             Collective("gradients", "all_reduce", n // s, max(1, g // s), FP16_BYTES, share=1 / s),
         ]
     weights = INT8_BYTES if config.qwz else FP16_BYTES
-    backward = Collective("backward", "all_gather", g, g, FP16_BYTES) if config.hpz else (
-        Collective("backward", "all_gather", *world, weights)
-    )
+    backward = Collective("backward", "all_gather", *((g, g) if config.hpz else world), weights)
     if config.qgz:
         gradients = [
             Collective("gradients", "all_to_all", g, g, INT4_BYTES),

@@ -60,6 +60,7 @@ __all__ = [
     "all_gather_into_tensor",
     "all_gather_single",
     "all_reduce",
+    "all_to_all_single",
     "barrier",
     "broadcast",
     "copy_to_device",
@@ -342,6 +343,46 @@ def all_gather_single(
         lambda backend: backend.all_gather(output_tensor, input_tensor, call),
         output_tensor.numel() * output_tensor.element_size(),
         output_tensor.element_size(),
+        async_op,
+    )
+
+
+def all_to_all_single(
+    output: torch.Tensor,
+    input: torch.Tensor,
+    group: Any = None,
+    async_op: bool = False,
+    *,
+    tag: str | None = None,
+) -> Work | None:
+    """`input` cut into N equal chunks along dim 0: chunk j goes to rank j (in a group, to its rank j), and
+    rank r's `output` is the ranks' chunk r in rank order. Equal splits only (torch's default)."""
+    _check_tensor("output", "all_to_all", output)
+    _check_tensor("input", "all_to_all", input)
+    ctx = current()
+    members = _members(ctx, group, "all_to_all")
+    rank, world_size = ctx.rank, len(members) or ctx.world_size
+    if input.dtype != output.dtype:
+        raise ValueError(
+            f"rank {rank}: all_to_all input {list(input.shape)} is {input.dtype} but output "
+            f"{list(output.shape)} is {output.dtype}; use one dtype"
+        )
+    if input.shape != output.shape or input.dim() == 0 or input.shape[0] % world_size:
+        raise ValueError(
+            f"rank {rank}: all_to_all input {list(input.shape)} and output {list(output.shape)} must have one "
+            f"shape whose first dimension the world_size ({world_size}) divides: pad dim 0 to a multiple of it"
+        )
+    call = CollectiveCall(
+        "all_to_all", _dtype_name(input), tuple(input.shape), tuple(output.shape), tag=tag or "", group=members
+    )
+    return _run(
+        ctx,
+        comm.ALL_TO_ALL,
+        tag,
+        call,
+        lambda backend: backend.all_to_all(output, input, call),
+        input.numel() * input.element_size(),
+        input.element_size(),
         async_op,
     )
 

@@ -35,6 +35,7 @@ from zero_core.backends.torch_distributed import (
     join_process_group,
     process_context,
 )
+from zero_core.cli import predicted
 from zero_core.cli.compare import MAX_STEPS, parse_stages, render, write_json
 from zero_core.cli.errors import UsageError
 from zero_core.cli.render import table
@@ -46,6 +47,7 @@ from zero_core.memory import Leftover, MemoryEvent, MemoryTracker
 from zero_core.model import PRESETS, count_parameters, preset
 from zero_core.stages import TrainConfig
 from zero_core.stages.base import ZERO1_GRAD_SYNCS
+from zero_core.topology import Topology
 
 PROG = "python -m zero_core.launch"
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -66,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--precision", default="bf16", choices=["bf16", "fp16", "fp32"], help="training precision")
     p.add_argument("--zero1-grad-sync", default="reduce_scatter", choices=ZERO1_GRAD_SYNCS)
     p.add_argument("--seed", type=int, default=0)
+    predicted.add_arguments(p)
     p.add_argument(
         "--backend", default="auto", choices=["auto", "gloo", "nccl"], help="auto: NCCL if every rank has a GPU"
     )
@@ -120,6 +123,7 @@ def check(args: argparse.Namespace, env: TorchrunEnv) -> list[int]:
         raise UsageError(f"unknown --preset {args.preset!r}; choose one of {', '.join(PRESETS)}")
     if args.timeout <= 0:
         raise UsageError(f"--timeout must be positive, got {args.timeout}")
+    predicted.check(args)
     if args.fail_rank >= env.world_size:
         raise UsageError(f"--fail-rank {args.fail_rank} is outside 0..{env.world_size - 1}")
     for option, path in (("--json", args.json), ("--save", args.save)):
@@ -257,6 +261,11 @@ def run(args: argparse.Namespace, env: TorchrunEnv, stages: list[int]) -> int:
         equivalences = [equivalence(reference, r) for r in reports]
         print()
         print(render(reports, equivalences, reference), flush=True)
+        topology = Topology.single_node(env.world_size)
+        compare_args = argparse.Namespace(**vars(args), world_size=env.world_size)
+        times = predicted.rows(reports, topology, compare_args)
+        print()
+        print(predicted.render(times, topology, compare_args), flush=True)
         if any(peak is not None for peaks in cuda_peaks for peak in peaks):
             print()
             print(against_cuda_allocator(reports, cuda_peaks), flush=True)
@@ -264,8 +273,7 @@ def run(args: argparse.Namespace, env: TorchrunEnv, stages: list[int]) -> int:
             print()
             print(against_virtual(reports, config), flush=True)
         if args.json:
-            compare_args = argparse.Namespace(**vars(args), world_size=env.world_size)
-            write_json(Path(args.json), compare_args, psi, reports, equivalences)
+            write_json(Path(args.json), compare_args, psi, reports, equivalences, predictions=times)
             print(f"\nwrote {args.json}")
         if args.save:
             save_runs(Path(args.save), backend, reports)

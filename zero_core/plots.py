@@ -17,6 +17,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from zero_core import formulas, memory
+from zero_core.stages import stage_class
 from zero_core.units import format_count
 
 if TYPE_CHECKING:
@@ -40,7 +41,6 @@ STATE_COLORS = {
 }
 STAGE_COLORS = ("#4C72B0", "#DD8452", "#55A868", "#C44E52")
 PHASE_COLORS = {"forward": "#4C72B0", "backward": "#DD8452", "grad_sync": "#55A868", "optimizer": "#8172B3"}
-MEMORY_FORMULAS = {0: "16Ψ", 1: "4Ψ + 12Ψ/N", 2: "2Ψ + 14Ψ/N", 3: "16Ψ/N"}
 DEFAULT_GPU_COUNTS = tuple(2**i for i in range(11))
 _BYTE_UNITS = (("GB", 1e9), ("MB", 1e6), ("KB", 1e3), ("B", 1.0))
 
@@ -55,9 +55,20 @@ def _new_figure(width: float = 8.0, height: float = 5.0) -> Figure:
 
 
 def stage_name(report: StageReport) -> str:
-    """"ZeRO-k", with ZeRO-1's DeepSpeed-style all-reduce variant told apart from the paper's."""
+    """The stage's label ("ZeRO-2", "ZeRO++ hpZ"), with ZeRO-1's DeepSpeed-style all-reduce variant told
+    apart from the paper's."""
     variant = " (all-reduce)" if report.stage == 1 and report.zero1_grad_sync == "all_reduce" else ""
-    return f"ZeRO-{report.stage}{variant}"
+    return f"{stage_class(report.stage).label}{variant}"
+
+
+def stage_color(report: StageReport, index: int) -> str:
+    """ZeRO-k keeps its color in every figure; a named stage takes the color of its place in the list."""
+    return STAGE_COLORS[(report.stage if isinstance(report.stage, int) else index) % len(STAGE_COLORS)]
+
+
+def host_bytes(report: StageReport) -> int:
+    """Model states a rank keeps in host memory (ZeRO-Offload), max over ranks; 0 for every other stage."""
+    return sum(report.peak_bytes_by_category_max.get(category, 0) for category in memory.HOST_STATES)
 
 
 def _stage_names(reports: Sequence[StageReport]) -> list[str]:
@@ -127,8 +138,13 @@ def memory_bars(reports: Sequence[StageReport]) -> Figure:
         zorder=4,
         label="measured peak (every storage, temporaries included)",
     )
-    ax.set_xticks(x, [f"{stage_name(r)}\n{MEMORY_FORMULAS[r.stage]}" for r in reports])
-    ax.set_xlabel("stage and its model-state formula (ZeRO §5)")
+    ticks = [f"{stage_name(r)}\n{stage_class(r.stage).memory_formula}" for r in reports]
+    ticks = [
+        f"{tick}\n+ {host_bytes(r) / scale:.3g} {unit} on host" if host_bytes(r) else tick
+        for tick, r in zip(ticks, reports, strict=True)
+    ]
+    ax.set_xticks(x, ticks)
+    ax.set_xlabel("stage and its model-state formula per GPU (ZeRO §5)")
     ax.set_ylabel(f"bytes per GPU ({unit})")
     ax.set_title(f"Memory per GPU by stage (Ψ = {format_count(reports[0].psi)}, N = {reports[0].world_size})")
     ax.legend(fontsize=8, loc="upper right")
@@ -138,7 +154,8 @@ def memory_bars(reports: Sequence[StageReport]) -> Figure:
 def comm_bars(reports: Sequence[StageReport]) -> Figure:
     """Elements each GPU sends per step, in multiples of Ψ: measured on the ring beside the formula (ZeRO §7).
 
-    The measured bar excludes the loss-scaling overflow flag (a few bytes); the text on it gives the bytes.
+    The measured bar excludes the loss-scaling overflow flag (a few bytes); the text on it gives the bytes,
+    which is what compares a quantized stage (ZeRO++ qwZ, qgZ: an element is an int8 or int4 code) with the rest.
     The paper's large-N counts (2Ψ, 2Ψ, 2Ψ, 3Ψ) are drawn as markers.
     """
     fig = _new_figure()
@@ -149,13 +166,20 @@ def comm_bars(reports: Sequence[StageReport]) -> Figure:
     formula = [r.comm_formula_psi for r in reports]
     bars = ax.bar([xi - width / 2 for xi in x], measured, width, color="#4C72B0", label="measured (ring ledger)")
     ax.bar([xi + width / 2 for xi in x], formula, width, color="#BBBBBB", label="formula, exact ring (N-1)/N")
-    paper = [
-        formulas.comm_elements(r.stage, r.psi, r.world_size, exact=False, zero1_grad_sync=r.zero1_grad_sync) / r.psi
-        for r in reports
-    ]
-    ax.hlines(
-        paper, [xi - 0.45 for xi in x], [xi + 0.45 for xi in x], colors="black", linewidths=2.5, label="paper, N → ∞"
-    )
+    paper = {
+        xi: formulas.comm_elements(r.stage, r.psi, r.world_size, exact=False, zero1_grad_sync=r.zero1_grad_sync) / r.psi
+        for xi, r in zip(x, reports, strict=True)
+        if isinstance(r.stage, int)
+    }
+    if paper:
+        ax.hlines(
+            list(paper.values()),
+            [xi - 0.45 for xi in paper],
+            [xi + 0.45 for xi in paper],
+            colors="black",
+            linewidths=2.5,
+            label="paper, N → ∞ (ZeRO-0..3)",
+        )
     unit, scale = byte_unit(max(r.comm_bytes_per_step_mean for r in reports))
     for bar, r in zip(bars, reports, strict=True):
         ax.annotate(
@@ -169,7 +193,7 @@ def comm_bars(reports: Sequence[StageReport]) -> Figure:
     ax.set_xticks(x, _stage_names(reports))
     ax.set_xlabel("stage")
     ax.set_ylabel("elements sent per GPU per step (× Ψ)")
-    ax.set_ylim(0, max(paper + measured) * 1.2)
+    ax.set_ylim(0, max([*paper.values(), *measured, *formula]) * 1.2)
     ax.set_title(f"Communication per GPU per step (Ψ = {format_count(reports[0].psi)}, N = {reports[0].world_size})")
     ax.legend(fontsize=8, loc="upper left")
     return fig
@@ -195,7 +219,7 @@ def memory_vs_gpus(
             marker="o",
             markersize=4,
             color=color,
-            label=f"ZeRO-{stage}: {MEMORY_FORMULAS[stage]}",
+            label=f"ZeRO-{stage}: {stage_class(stage).memory_formula}",
         )
     if gpu_memory_bytes is not None:
         ax.axhline(
@@ -276,7 +300,7 @@ def memory_timeline(report: StageReport, ranks: Sequence[int] = (0,), step: int 
             _shade_phases(ax, times, [phase for _, _, _, phase in points])
     ax.set_xlabel("ms since the step's first memory event, on the rank thread's wall clock (this CPU, not a GPU)")
     ax.set_ylabel(f"bytes held per GPU ({unit})")
-    ax.set_title(f"ZeRO-{report.stage}: memory over step {step} (N = {report.world_size})")
+    ax.set_title(f"{stage_name(report)}: memory over step {step} (N = {report.world_size})")
     ax.legend(fontsize=8, loc="upper right")
     return fig
 
@@ -311,7 +335,7 @@ def loss_curves(reports: Sequence[StageReport]) -> Figure:
     styles = (("o", "-", 11), ("s", "--", 8), ("^", "-.", 6), ("x", ":", 5))
     for index, r in enumerate(reports):
         marker, linestyle, size = styles[index % len(styles)]
-        color = STAGE_COLORS[r.stage % len(STAGE_COLORS)]
+        color = stage_color(r, index)
         ax.plot(
             range(len(r.losses)),
             r.losses,
@@ -331,7 +355,8 @@ def loss_curves(reports: Sequence[StageReport]) -> Figure:
 
 
 def save_all(reports: Sequence[StageReport], folder: str | Path, dpi: int = 120) -> list[Path]:
-    """Write memory_bars, comm_bars, memory_vs_gpus, memory_timeline_zero{k} and loss_curves PNGs."""
+    """Write memory_bars, comm_bars, memory_vs_gpus, memory_timeline_zero{k} (memory_timeline_{name} for a
+    named stage) and loss_curves PNGs."""
     if not reports:
         raise ValueError("save_all needs at least one StageReport")
     folder = Path(folder)
@@ -343,7 +368,8 @@ def save_all(reports: Sequence[StageReport], folder: str | Path, dpi: int = 120)
     }
     for r in reports:
         if r.trackers:
-            figures[f"memory_timeline_zero{r.stage}.png"] = memory_timeline(r)
+            name = f"zero{r.stage}" if isinstance(r.stage, int) else r.stage
+            figures[f"memory_timeline_{name}.png"] = memory_timeline(r)
     figures["loss_curves.png"] = loss_curves(reports)
     paths = []
     for name, fig in figures.items():

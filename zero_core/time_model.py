@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from zero_core.comm import PCIE_OPS
 from zero_core.formulas import busbw_factor
 
 if TYPE_CHECKING:
@@ -210,15 +211,17 @@ def transformer_layers(
 
 
 def layers_from_report(report) -> list[Layer]:
-    """The layers of a real run: each layer's parameter count from the ledger's collectives of the last step,
+    """The layers of a real run: each layer's parameter count from the ledger's collectives of the last step
+    (the largest buffer any network collective of the layer carried: the whole padded layer, in every stage),
     and the run's measured forward and backward FLOPs (`StageReport.flops_per_step_mean`) split by parameter
     share (an approximation: attention scores have no parameters)."""
     step = report.steps - 1
     params: dict[str, int] = {}
     for entry in report.ledger.entries(0, step=step):
-        kind, _, name = entry.tag.partition(" ")
-        if kind in ("grad", "param") and name:
-            params[name] = entry.elements
+        kind, _, rest = entry.tag.partition(" ")
+        name = rest.split(" ")[0]  # "param lm_head node", "grad wte across replicas": the layer is the 2nd word
+        if kind in ("grad", "param") and name and entry.op not in PCIE_OPS:
+            params[name] = max(params.get(name, 0), entry.elements)  # a 1/S replica all-reduce is not the layer
     total = sum(params.values())
     fwd, bwd = report.flops_per_step_mean["forward"], report.flops_per_step_mean["backward"]
     return [Layer(name, p, fwd * p / total, bwd * p / total) for name, p in params.items()]

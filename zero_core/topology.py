@@ -25,6 +25,10 @@ all-reduce, on one rank per node, none on the others.
   inside each node starting there.
 Each step is a ring, so the bytes are `zero_core.comm`'s ring model applied twice.
 
+An all-to-all is no ring under either name: rank r sends its chunk j straight to rank j, so the chunks for
+ranks on other nodes cross, those for its node's ranks stay: (G-1)/N·S intra and (N-G)/N·S inter per rank
+(ZeRO++ §3.3 runs qgZ's all-to-alls inside a node, then among one rank per node, so each is all one class).
+
 A collective in a process group (`dist.new_group`) runs among the group's ranks only. "ring" is then the
 group's own ring, rank i of the group sending to rank i+1: a group inside one node sends nothing across,
 a group of one rank per node sends everything across. "hierarchical" runs the two levels inside the group,
@@ -45,7 +49,17 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import NamedTuple
 
-from zero_core.comm import ALL_GATHER, ALL_REDUCE, BARRIER, BROADCAST, OPS, PCIE_OPS, REDUCE_SCATTER, ring_bytes
+from zero_core.comm import (
+    ALL_GATHER,
+    ALL_REDUCE,
+    ALL_TO_ALL,
+    BARRIER,
+    BROADCAST,
+    OPS,
+    PCIE_OPS,
+    REDUCE_SCATTER,
+    ring_bytes,
+)
 
 RING = "ring"
 HIERARCHICAL = "hierarchical"
@@ -169,6 +183,8 @@ def link_bytes(
     src_index = members.index(src) if op == BROADCAST else 0
     if k == 1 or op == BARRIER or full_bytes == 0:
         return LinkTraffic()
+    if op == ALL_TO_ALL:
+        return _all_to_all(full_bytes, element_size, topology, members, index)
     if algorithm == RING:
         sent, received = ring_bytes(op, full_bytes, element_size, k, index, src_index)
         sends_across = topology.node_of(members[(index + 1) % k]) != topology.node_of(rank)
@@ -182,6 +198,25 @@ def link_bytes(
     if group:
         return _hierarchical(op, full_bytes, element_size, group_topology(topology, group), index, src_index)
     return _hierarchical(op, full_bytes, element_size, topology, rank, src)
+
+
+def _all_to_all(
+    full_bytes: int, element_size: int, topology: Topology, members: tuple[int, ...] | range, index: int
+) -> LinkTraffic:
+    """Rank `members[index]` sends chunk j to `members[j]` and receives its own chunk from each: a chunk to
+    or from a rank on another node is inter-node. Chunks cut as `torch.tensor_split` cuts them."""
+    k = len(members)
+    base, extra = divmod(full_bytes // element_size, k)
+
+    def chunk(j: int) -> int:
+        return (base + (1 if j < extra else 0)) * element_size
+
+    node = topology.node_of(members[index])
+    peers = [j for j in range(k) if j != index]
+    across = [j for j in peers if topology.node_of(members[j]) != node]
+    inter_sent = sum(chunk(j) for j in across)
+    intra_sent = sum(chunk(j) for j in peers) - inter_sent
+    return LinkTraffic(intra_sent, inter_sent, (len(peers) - len(across)) * chunk(index), len(across) * chunk(index))
 
 
 def _hierarchical(op: str, full_bytes: int, element_size: int, t: Topology, rank: int, src: int) -> LinkTraffic:

@@ -21,6 +21,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from zero_core.stages import NAMED_STAGE_NAMES, stage_class
+
 if TYPE_CHECKING:
     from zero_core.experiment import StageReport
 
@@ -29,30 +31,34 @@ US_PER_S = 1e6
 
 def _step(report: StageReport, step: int | None) -> int:
     step = report.steps - 1 if step is None else step
+    label = stage_class(report.stage).label
     if not 0 <= step < report.steps:
-        raise ValueError(f"step must be in 0..{report.steps - 1} for this ZeRO-{report.stage} report, got {step}")
+        raise ValueError(f"step must be in 0..{report.steps - 1} for this {label} report, got {step}")
     if report.ledger is None or len(report.rank_origins_s) != report.world_size:
-        raise ValueError(
-            f"this ZeRO-{report.stage} report has no ledger or rank clocks; build it with experiment.run_stage"
-        )
+        raise ValueError(f"this {label} report has no ledger or rank clocks; build it with experiment.run_stage")
     return step
 
 
+def process_id(stage: int | str) -> int:
+    """The trace's process of a stage: k for ZeRO-k, then 4, 5, ... for the named stages in table order."""
+    return stage if isinstance(stage, int) else 4 + NAMED_STAGE_NAMES.index(stage)
+
+
 def chrome_trace(report: StageReport, step: int | None = None) -> dict[str, Any]:
-    """Step `step` (default: the last) of `report` as a Chrome trace dict; `pid` is the ZeRO stage.
+    """Step `step` (default: the last) of `report` as a Chrome trace dict; `pid` is the stage's `process_id`.
 
     Per rank: a "step k" span, its phase spans inside, and one span per collective inside its phase.
     Times are clamped into the enclosing span, so float rounding never breaks the nesting a viewer needs;
     spans come sorted by lane, start, and longest first, so a parent always precedes its children.
     """
     step = _step(report, step)
-    pid = report.stage
+    pid, label = process_id(report.stage), stage_class(report.stage).label
     spans_abs = [
         [(phase, origin + start, origin + end) for s, phase, start, end in spans if s == step]
         for origin, spans in zip(report.rank_origins_s, report.phase_spans, strict=True)
     ]
     if not all(spans_abs):
-        raise ValueError(f"ZeRO-{report.stage}: some ranks recorded no phase of step {step}")
+        raise ValueError(f"{label}: some ranks recorded no phase of step {step}")
     zero = min(start for spans in spans_abs for _, start, _ in spans)
 
     def us(seconds: float) -> float:
@@ -64,7 +70,7 @@ def chrome_trace(report: StageReport, step: int | None = None) -> dict[str, Any]
             "ph": "M",
             "pid": pid,
             "tid": 0,
-            "args": {"name": f"ZeRO-{report.stage}, {report.world_size} virtual GPUs, step {step}"},
+            "args": {"name": f"{label}, {report.world_size} virtual GPUs, step {step}"},
         },
         {"name": "process_sort_index", "ph": "M", "pid": pid, "tid": 0, "args": {"sort_index": pid}},
     ]

@@ -1,4 +1,4 @@
-"""What a backend must do: move the data of the five collectives `zero_core.dist` offers, nothing else.
+"""What a backend must do: move the data of the six collectives `zero_core.dist` offers, nothing else.
 
 A collective in a process group carries the group's global ranks in `call.group` (empty: every rank); its
 `src` and chunk indices are the rank's index in the group, and AVG divides by the group's size.
@@ -59,6 +59,8 @@ class Backend(Protocol):
     def all_gather(self, output: torch.Tensor, input: torch.Tensor, call: CollectiveCall) -> Finish: ...
 
     def broadcast(self, tensor: torch.Tensor, src: int, call: CollectiveCall) -> Finish: ...
+
+    def all_to_all(self, output: torch.Tensor, input: torch.Tensor, call: CollectiveCall) -> Finish: ...
 
     def barrier(self, call: CollectiveCall) -> Finish: ...
 

@@ -64,6 +64,10 @@ class FaultyBackend:
         self._maybe_fail()
         return self.inner.broadcast(tensor, src, call)
 
+    def all_to_all(self, output: torch.Tensor, input: torch.Tensor, call: CollectiveCall) -> Finish:
+        self._maybe_fail()
+        return self.inner.all_to_all(output, input, call)
+
     def barrier(self, call: CollectiveCall) -> Finish:
         self._maybe_fail()
         return self.inner.barrier(call)

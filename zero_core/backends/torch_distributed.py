@@ -140,6 +140,16 @@ class TorchBackend:
             )
         return self._finisher(call, work, output.view(-1), wire_out, None)
 
+    def all_to_all(self, output: torch.Tensor, input: torch.Tensor, call: CollectiveCall) -> Finish:
+        """`torch.distributed.all_to_all_single` with equal splits (gloo and NCCL both have it); moves the
+        tensor as is, like an all-gather."""
+        with _interconnect():
+            wire_out = output.reshape(-1).to(self.device)
+            work = self._start(
+                call, torch_dist.all_to_all_single, wire_out, input.reshape(-1).to(self.device), group=self._group(call)
+            )
+        return self._finisher(call, work, output.view(-1), wire_out, None)
+
     def broadcast(self, tensor: torch.Tensor, src: int, call: CollectiveCall) -> Finish:
         with _interconnect():
             wire = tensor.to(self.device)

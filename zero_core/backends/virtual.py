@@ -32,6 +32,13 @@ def reduce_into_chunks(inputs: list[torch.Tensor], op: ReduceOp, shape: tuple[in
     return list(reduce_in_rank_order(inputs, op).view(len(inputs), *shape).unbind(0))
 
 
+def exchange_chunks(inputs: list[torch.Tensor], shape: tuple[int, ...]) -> list[torch.Tensor]:
+    """All-to-all: rank i's output is every rank's chunk i, in rank order, viewed as `shape`."""
+    n = len(inputs)
+    chunks = torch.stack([t.reshape(n, -1) for t in inputs])  # [sender, receiver, chunk]
+    return list(chunks.transpose(0, 1).contiguous().view(n, *shape).unbind(0))
+
+
 class VirtualBackend:
     """Rank `rank`'s side of a `VirtualCluster`'s rendezvous.
 
@@ -67,6 +74,11 @@ class VirtualBackend:
             self.rank, call, input, lambda inputs: concatenate_in_rank_order(inputs, call.output_shape)
         )
         return lambda: output.copy_(self.cluster.result(self.rank, meeting))
+
+    def all_to_all(self, output: torch.Tensor, input: torch.Tensor, call: CollectiveCall) -> Finish:
+        meeting = self.cluster.arrive(self.rank, call, input, lambda inputs: exchange_chunks(inputs, call.output_shape))
+        index = call.group.index(self.rank) if call.group else self.rank
+        return lambda: output.copy_(self.cluster.result(self.rank, meeting)[index])
 
     def broadcast(self, tensor: torch.Tensor, src: int, call: CollectiveCall) -> Finish:
         """`src` is the source's index in the group (its rank without one)."""

@@ -5,7 +5,9 @@ equivalence table (every stage against ZeRO-0), the compute table and the memory
 `--gpus-per-node G` (nodes of G consecutive ranks) or `--collectives hierarchical`, the traffic also splits
 into intra-node and inter-node bytes (`zero_core.topology`), recomputed from the ledger of what ran.
 `--stages` also takes the stages that shard by node, `hsdp` (ZeRO-3 inside a node, replicated across
-nodes) and `hpz` (ZeRO++'s hierarchical partitioning), which use `--gpus-per-node`.
+nodes) and `hpz` (ZeRO++'s hierarchical partitioning), which use `--gpus-per-node`, and ZeRO++'s quantized
+stages, `qwz` (int8 weight gathers), `qgz` (int4 gradient all-to-all, by node) and `zeropp` (hpZ + qwZ +
+qgZ): for them one more table counts bytes, since an int8 or int4 element is not an fp16 one.
 """
 
 from __future__ import annotations
@@ -20,35 +22,19 @@ from pathlib import Path
 from tqdm import tqdm
 
 from zero_core import memory
+from zero_core.cli import predicted
 from zero_core.cli.errors import UsageError
 from zero_core.cli.render import mb, table
 from zero_core.cluster import MAX_WORLD_SIZE
 from zero_core.experiment import Equivalence, StageReport, compare_stages, equivalence
 from zero_core.model import PRESETS, count_parameters, preset
-from zero_core.stages import TrainConfig
+from zero_core.stages import NAMED_STAGE_NAMES, TrainConfig, stage_class
 from zero_core.stages.base import OVERFLOW_TAG, ZERO1_GRAD_SYNCS
+from zero_core.time_model import MACHINES
 from zero_core.topology import ALGORITHMS, RING, Topology
 from zero_core.trace import write_trace
 
-PARTITIONED = {
-    0: "nothing",
-    1: "optimizer states",
-    2: "+ gradients",
-    3: "+ parameters",
-    "hsdp": "all, within a node",
-    "hpz": "all, + node copy of params",
-    "offload": "+ gradients; states on host",
-}
-FORMULA = {
-    0: "16Ψ",
-    1: "4Ψ + 12Ψ/N",
-    2: "2Ψ + 14Ψ/N",
-    3: "16Ψ/N",
-    "hsdp": "16Ψ/G",
-    "hpz": "16Ψ/N (+2Ψ/G)",
-    "offload": "2Ψ + 2Ψ/N",
-}
-NODE_STAGE_LABELS = {"offload": "ZeRO-Offload", "hsdp": "HSDP", "hpz": "ZeRO++ hpZ"}
+QUANTIZED_STAGES = ("qwz", "qgz", "zeropp")
 MAX_STEPS = 10_000
 
 
@@ -60,7 +46,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--stages",
         default="0,1,2,3",
         help="comma-separated stages: 0-3, offload (ZeRO-Offload), hsdp (ZeRO-3 in a node, replicas across nodes), "
-        "hpz (ZeRO++ hpZ) "
+        "hpz (ZeRO++ hpZ), qwz, qgz, zeropp (ZeRO++ quantized) "
         "(default 0,1,2,3)",
     )
     p.add_argument("--preset", default="tiny", help=f"model size: {', '.join(PRESETS)} (default tiny)")
@@ -72,6 +58,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="ZeRO-1 gradient sync: the paper's reduce-scatter or DeepSpeed's all-reduce",
     )
     add_topology_arguments(p, "--world-size")
+    predicted.add_arguments(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", metavar="PATH", help="also write every measurement as JSON (schema in README)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -130,29 +117,34 @@ def link_summary(report: StageReport, topology: Topology, algorithm: str) -> dic
 
 
 def stage_label(stage: int | str) -> str:
-    return NODE_STAGE_LABELS[stage] if isinstance(stage, str) else f"ZeRO-{stage}"
+    return stage_class(stage).label
 
 
 def parse_stages(text: str) -> list[int | str]:
     parts = [part.strip().lower() for part in text.split(",") if part.strip()]
-    named = [part for part in parts if part in NODE_STAGE_LABELS]
+    named = [part for part in parts if part in NAMED_STAGE_NAMES]
     try:
-        stages = [int(part) for part in parts if part not in NODE_STAGE_LABELS]
+        stages = [int(part) for part in parts if part not in NAMED_STAGE_NAMES]
     except ValueError:
-        raise UsageError(f"--stages takes stage numbers like 0,1,2,3 (or offload, hsdp, hpz), got {text!r}") from None
+        raise UsageError(
+            f"--stages takes stage numbers like 0,1,2,3 (or {', '.join(NAMED_STAGE_NAMES)}), got {text!r}"
+        ) from None
     bad = [s for s in stages if s not in (0, 1, 2, 3)]
     if bad or not parts:
-        raise UsageError(f"--stages takes stages from 0 to 3, offload, hsdp or hpz, like 0,1,2,3; got {text!r}")
-    return [*sorted(set(stages)), *(name for name in NODE_STAGE_LABELS if name in named)]
+        raise UsageError(
+            f"--stages takes stages from 0 to 3 or named ({', '.join(NAMED_STAGE_NAMES)}), like 0,1,2,3; got {text!r}"
+        )
+    return [*sorted(set(stages)), *(name for name in NAMED_STAGE_NAMES if name in named)]
 
 
-def check(args: argparse.Namespace) -> list[int]:
+def check(args: argparse.Namespace) -> list[int | str]:
     if not 1 <= args.world_size <= MAX_WORLD_SIZE:
         raise UsageError(f"--world-size must be between 1 and {MAX_WORLD_SIZE}, got {args.world_size}")
     if not 1 <= args.steps <= MAX_STEPS:
         raise UsageError(f"--steps must be between 1 and {MAX_STEPS}, got {args.steps}")
     if args.preset not in PRESETS:
         raise UsageError(f"unknown --preset {args.preset!r}; choose one of {', '.join(PRESETS)}")
+    predicted.check(args)
     if args.json:
         folder = Path(args.json).resolve().parent
         if not folder.is_dir():
@@ -161,12 +153,7 @@ def check(args: argparse.Namespace) -> list[int]:
         raise UsageError(f"--trace: folder {Path(args.trace).resolve().parent} does not exist")
     if args.plots and Path(args.plots).exists() and not Path(args.plots).is_dir():
         raise UsageError(f"--plots: {args.plots} exists and is not a folder")
-    stages = parse_stages(args.stages)
-    if (args.plots or args.trace) and any(isinstance(s, str) for s in stages):
-        raise UsageError(
-            "--plots and --trace draw the stages 0-3 only; leave offload, hsdp and hpz out of --stages for them"
-        )
-    return stages
+    return parse_stages(args.stages)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -192,13 +179,25 @@ def run(args: argparse.Namespace) -> int:
         )
     reference = next((r for r in reports if r.stage == 0), reports[0])
     if any(isinstance(s, str) for s in stages):
-        print(f"HSDP and hpZ use nodes of G = {topology.gpus_per_node} GPUs (--gpus-per-node)")
+        print(f"HSDP, hpZ, qgZ and ZeRO++ use nodes of G = {topology.gpus_per_node} GPUs (--gpus-per-node)")
     equivalences = [equivalence(reference, r) for r in reports]
     print()
     links = [link_summary(r, topology, args.collectives) for r in reports] if links_asked(args) else None
     print(render(reports, equivalences, reference, links=links, topology=topology, algorithm=args.collectives))
+    times = predicted.rows(reports, topology, args)
+    print()
+    print(predicted.render(times, topology, args))
     if args.json:
-        write_json(Path(args.json), args, psi, reports, equivalences, topology=topology, algorithm=args.collectives)
+        write_json(
+            Path(args.json),
+            args,
+            psi,
+            reports,
+            equivalences,
+            topology=topology,
+            algorithm=args.collectives,
+            predictions=times,
+        )
         print(f"\nwrote {args.json}")
     if args.plots:
         from zero_core.plots import save_all  # matplotlib loads only when figures are asked for
@@ -236,9 +235,9 @@ def render(
     rows = [
         [
             stage_label(r.stage),
-            PARTITIONED[r.stage],
+            stage_class(r.stage).partitioned,
             f"{mb(r.model_state_bytes_mean)} ({r.model_state_bytes_mean / psi:.2f}Ψ)",
-            FORMULA[r.stage],
+            stage_class(r.stage).memory_formula,
             mb(r.formula_bytes),
             f"{r.formula_ratio:.4f}",
             f"{r.comm_psi_per_step:.4f}Ψ",
@@ -334,7 +333,7 @@ def render(
             "storage a rank allocated; untracked: bytes held after the step that no category names)"
         ),
     )
-    return "\n\n".join([states, same, compute, breakdown, *host_table(reports)])
+    return "\n\n".join([states, same, compute, breakdown, *host_table(reports), *wire_table(reports, links)])
 
 
 def host_table(reports: list[StageReport]) -> list[str]:
@@ -363,6 +362,40 @@ def host_table(reports: list[StageReport]) -> list[str]:
     return [table(headers, rows, title="Host memory and PCIe bytes per GPU (last step; no network bytes)")]
 
 
+def wire_table(reports: list[StageReport], links: list[dict] | None) -> list[str]:
+    """Bytes sent per GPU per step (last step, overflow flag excluded), with a ZeRO++ quantized stage only:
+    its int8 and int4 elements, and its fp32 scales, are no fp16 elements, so the Ψ columns cannot compare
+    it. Against ZeRO-3 when it ran: how many times fewer bytes, in all and across nodes (ZeRO++'s "4x")."""
+    if not any(r.stage in QUANTIZED_STAGES for r in reports):
+        return []
+    links = links or [None] * len(reports)
+    zero3 = next(((r, link) for r, link in zip(reports, links, strict=True) if r.stage == 3), None)
+
+    def fewer(base: float, value: float) -> str:
+        return f"{base / value:.2f}x" if value else "-"
+
+    headers = ["stage", "bytes/GPU", "ZeRO-3 / this"]
+    if links[0] is not None:
+        headers += ["intra-node", "inter-node", "inter-node, busiest GPU", "ZeRO-3 / this, inter-node"]
+    rows = []
+    for r, link in zip(reports, links, strict=True):
+        row = [stage_label(r.stage), f"{r.comm_bytes_per_step_mean:,.0f} B"]
+        row.append(fewer(zero3[0].comm_bytes_per_step_mean, r.comm_bytes_per_step_mean) if zero3 else "-")
+        if link is not None:
+            inter = link["comm_inter_node_bytes_per_step_mean"]
+            row += [
+                f"{link['comm_intra_node_bytes_per_step_mean']:,.0f} B",
+                f"{inter:,.0f} B",
+                f"{link['comm_inter_node_bytes_per_step_max']:,.0f} B",
+                fewer(zero3[1]["comm_inter_node_bytes_per_step_mean"], inter) if zero3 else "-",
+            ]
+        rows.append(row)
+    title = (
+        "Bytes on the wire per GPU per step (mean over GPUs; ZeRO++ sends int8 weights, int4 gradients, fp32 scales)"
+    )
+    return [table(headers, rows, title=title)]
+
+
 def link_title(topology: Topology, algorithm: str) -> str:
     how = "one flat ring" if algorithm == RING else "hierarchical (in the node, then across nodes)"
     return (
@@ -380,8 +413,10 @@ def write_json(
     *,
     topology: Topology | None = None,
     algorithm: str = RING,
+    predictions: list[dict] | None = None,
 ) -> None:
-    """Write atomically: a reader never sees half a file. Without a topology, all ranks are on one node."""
+    """Write atomically: a reader never sees half a file. Without a topology, all ranks are on one node.
+    `predictions` (`predicted.rows`) go under "predicted", with the machine and the larger GPT they assume."""
     topology = topology or Topology.single_node(args.world_size)
     data = {
         "schema": "zero-course/compare/1",
@@ -406,6 +441,13 @@ def write_json(
             for e in equivalences
         ],
     }
+    if predictions is not None:
+        data["predicted"] = {
+            "machine": MACHINES[args.machine].name,
+            "scaled_psi": args.predict_params,
+            "tokens_per_gpu": args.tokens_per_gpu,
+            "stages": predictions,
+        }
     fd, tmp = tempfile.mkstemp(dir=path.resolve().parent, suffix=".tmp")
     with os.fdopen(fd, "w") as handle:
         json.dump(data, handle, indent=2)

@@ -22,9 +22,7 @@ from zero_core.cli import configs as config_table
 from zero_core.cli.errors import UsageError
 from zero_core.cli.render import table
 from zero_core.cli.table import (
-    MEMORY_FORMULA,
     MODEL_STATES_NOTE,
-    PARTITIONED,
     check_json_path,
     display_unit,
     gpu_memory_argument,
@@ -34,6 +32,7 @@ from zero_core.cli.table import (
     units_argument,
     write_json,
 )
+from zero_core.stages import stage_class
 from zero_core.topology import RING
 from zero_core.units import format_count, format_seconds, parse_count
 
@@ -86,7 +85,7 @@ def plan_rows(psi: int, gpu_memory: int) -> list[dict[str, Any]]:
         rows.append(
             {
                 "stage": stage,
-                "memory_formula": MEMORY_FORMULA[stage],
+                "memory_formula": stage_class(stage).memory_formula,
                 "smallest_n_gpus": n,
                 "model_state_bytes_at_n": formulas.model_state_bytes(stage, psi, n) if n else None,
                 "smallest_power_of_two": powers[stage],
@@ -199,7 +198,7 @@ def render(psi: int, gpu_memory: int, unit: str, rows: list[dict[str, Any]]) -> 
         [
             [
                 f"ZeRO-{r['stage']}",
-                PARTITIONED[r["stage"]],
+                stage_class(r["stage"]).partitioned,
                 r["memory_formula"],
                 str(r["smallest_n_gpus"]) if r["smallest_n_gpus"] else "never",
                 show_bytes(r["model_state_bytes_at_n"], unit) if r["smallest_n_gpus"] else "",

@@ -22,14 +22,14 @@ from typing import Any
 
 from zero_core import formulas
 from zero_core.cli import configs as config_table
-from zero_core.cli.compare import FORMULA as MEMORY_FORMULA
-from zero_core.cli.compare import PARTITIONED, add_topology_arguments, link_title, links_asked, topology_of
+from zero_core.cli.compare import add_topology_arguments, link_title, links_asked, topology_of
 from zero_core.cli.errors import UsageError
 from zero_core.cli.render import table
 from zero_core.deepspeed_estimators import (
     estimate_zero2_model_states_mem_needs,
     estimate_zero3_model_states_mem_needs,
 )
+from zero_core.stages import stage_class
 from zero_core.topology import RING, Topology, pass_split
 from zero_core.units import GB, GiB, format_count, format_seconds, parse_bandwidth, parse_bytes, parse_count
 
@@ -183,7 +183,7 @@ def stage_rows(
         rows.append(
             {
                 "stage": stage,
-                "memory_formula": MEMORY_FORMULA[stage],
+                "memory_formula": stage_class(stage).memory_formula,
                 "model_state_bytes": memory_bytes,
                 "fits": formulas.fits(stage, psi, n_gpus, gpu_memory),
                 "comm_elements_ring": ring_elements,
@@ -224,7 +224,7 @@ def deepspeed_rows(psi: int, n_gpus: int, largest_layer: int | None) -> list[dic
     return [
         {
             "stage": 2,
-            "paper_formula": MEMORY_FORMULA[2],
+            "paper_formula": stage_class(2).memory_formula,
             "deepspeed_formula": "2P + 18P/N",
             "paper_bytes": formulas.model_state_bytes(2, psi, n_gpus),
             "deepspeed_bytes": zero2.gpu_bytes,
@@ -232,7 +232,7 @@ def deepspeed_rows(psi: int, n_gpus: int, largest_layer: int | None) -> list[dic
         },
         {
             "stage": 3,
-            "paper_formula": MEMORY_FORMULA[3],
+            "paper_formula": stage_class(3).memory_formula,
             "deepspeed_formula": "4L + 18P/N",
             "paper_bytes": formulas.model_state_bytes(3, psi, n_gpus),
             "deepspeed_bytes": zero3.gpu_bytes,
@@ -315,7 +315,7 @@ def render(
         [
             [
                 f"ZeRO-{r['stage']}",
-                PARTITIONED[r["stage"]],
+                stage_class(r["stage"]).partitioned,
                 r["memory_formula"],
                 show_bytes(r["model_state_bytes"], unit),
                 "yes" if r["fits"] else "no",

@@ -5,9 +5,10 @@ package: the grader imports `zero_core.stages.base` and one stage's scaffolding 
 modules that hold an exercise's answer.
 
 `STAGES` are the paper's four, by number. `NODE_STAGES` are the stages that need to know the nodes
-(`gpus_per_node`), by name: "hsdp" (ZeRO-3 inside a node, replicated across nodes) and "hpz" (ZeRO++'s
-hierarchical partitioning). `NAMED_STAGES` are every stage named by a string: the node stages and
-"offload" (ZeRO-Offload: ZeRO-2 with the optimizer on the host).
+(`gpus_per_node`), by name: "hsdp" (ZeRO-3 inside a node, replicated across nodes), "hpz" (ZeRO++'s
+hierarchical partitioning), "qgz" (ZeRO++'s int4 all-to-all for gradients) and "zeropp" (ZeRO++: hpZ, qwZ
+and qgZ). `NAMED_STAGES` are every stage named by a string: the node stages, "offload" (ZeRO-Offload:
+ZeRO-2 with the optimizer on the host) and "qwz" (ZeRO++'s int8 weight all-gathers).
 """
 
 from __future__ import annotations
@@ -21,10 +22,13 @@ if TYPE_CHECKING:
     from zero_core.stages.hpz import HpzZero3
     from zero_core.stages.hsdp import HybridZero3
     from zero_core.stages.offload import OffloadZero2
+    from zero_core.stages.qgz import QgzZero3
+    from zero_core.stages.qwz import QwzZero3
     from zero_core.stages.zero0 import Zero0
     from zero_core.stages.zero1 import Zero1
     from zero_core.stages.zero2 import Zero2
     from zero_core.stages.zero3 import Zero3
+    from zero_core.stages.zeropp import ZeroppZero3
 
 _STAGE_MODULES = {
     "Zero0": "zero0",
@@ -34,13 +38,25 @@ _STAGE_MODULES = {
     "HybridZero3": "hsdp",
     "HpzZero3": "hpz",
     "OffloadZero2": "offload",
+    "QwzZero3": "qwz",
+    "QgzZero3": "qgz",
+    "ZeroppZero3": "zeropp",
 }
-_NODE_STAGES = {"hsdp": "HybridZero3", "hpz": "HpzZero3"}
-_NAMED_STAGES = {"offload": "OffloadZero2", **_NODE_STAGES}
+_NODE_STAGES = {"hsdp": "HybridZero3", "hpz": "HpzZero3", "qgz": "QgzZero3", "zeropp": "ZeroppZero3"}
+_NAMED_STAGES = {
+    "offload": "OffloadZero2",
+    "hsdp": "HybridZero3",
+    "hpz": "HpzZero3",
+    "qwz": "QwzZero3",
+    "qgz": "QgzZero3",
+    "zeropp": "ZeroppZero3",
+}
+NAMED_STAGE_NAMES = tuple(_NAMED_STAGES)
+"""The named stages in the order tables list them, known without importing their modules."""
 
 
 def stage_class(stage: int | str) -> type[ZeroStage]:
-    """The class of a stage number (0-3) or name ("offload", "hsdp", "hpz"), its module imported now."""
+    """The class of a stage number (0-3) or name ("offload", "hsdp", "hpz", "qwz", ...), its module imported now."""
     if stage in (0, 1, 2, 3):
         return __getattr__(f"Zero{stage}")
     if stage in _NAMED_STAGES:
@@ -63,11 +79,14 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "NAMED_STAGES",
+    "NAMED_STAGE_NAMES",
     "NODE_STAGES",
     "STAGES",
     "HpzZero3",
     "HybridZero3",
     "OffloadZero2",
+    "QgzZero3",
+    "QwzZero3",
     "TrainConfig",
     "ZeroStage",
     "stage_class",
@@ -75,4 +94,5 @@ __all__ = [
     "Zero1",
     "Zero2",
     "Zero3",
+    "ZeroppZero3",
 ]

@@ -109,6 +109,12 @@ class ZeroStage:
     """The training loop every stage runs; subclasses say where parameters, gradients and states live."""
 
     stage: int = -1
+    label = "?"
+    """How tables and figures name the stage: "ZeRO-2", "ZeRO++ hpZ"."""
+    partitioned = "?"
+    """What it partitions, in a few words ("+ gradients"), for tables."""
+    memory_formula = "?"
+    """Its model-state bytes per GPU as a formula ("2Ψ + 14Ψ/N"), for tables and figures."""
     partitions_optimizer_states = True
     pads_buffers = True
     """Whether the communicated buffers are padded to a multiple of N (reduce-scatter and all-gather need it)."""

@@ -88,6 +88,9 @@ class HpzZero3(Zero3):
     """ZeRO-3 with ZeRO++'s secondary parameter partition in each node of `gpus_per_node` ranks."""
 
     stage = "hpz"
+    label = "ZeRO++ hpZ"
+    partitioned = "all, + node copy of params"
+    memory_formula = "16Ψ/N (+2Ψ/G)"
     shard_class = SecondaryShard
 
     def __init__(

@@ -119,6 +119,9 @@ class HybridZero3(Zero3):
     """ZeRO-3 over the G ranks of each node, replicated over the M nodes (HSDP / MiCS)."""
 
     stage = "hsdp"
+    label = "HSDP"
+    partitioned = "all, within a node"
+    memory_formula = "16Ψ/G"
     shard_class = NodeShard
 
     def __init__(

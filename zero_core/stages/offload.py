@@ -34,6 +34,9 @@ class OffloadZero2(Zero2):
     """ZeRO-2 with the optimizer states and step on the host (ZeRO-Offload §4)."""
 
     stage = "offload"
+    label = "ZeRO-Offload"
+    partitioned = "+ gradients; states on host"
+    memory_formula = "2Ψ + 2Ψ/N"
 
     def __init__(
         self,

@@ -20,6 +20,9 @@ from zero_core.stages.base import ReplicatedStage, layer_tag
 
 class Zero0(ReplicatedStage):
     stage = 0
+    label = "ZeRO-0"
+    partitioned = "nothing"
+    memory_formula = "16Ψ"
     partitions_optimizer_states = False
     pads_buffers = False
 

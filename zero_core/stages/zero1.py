@@ -21,6 +21,9 @@ from zero_core.stages.base import ReplicatedStage, layer_tag
 
 class Zero1(ReplicatedStage):
     stage = 1
+    label = "ZeRO-1"
+    partitioned = "optimizer states"
+    memory_formula = "4Ψ + 12Ψ/N"
 
     def sync_gradients(self) -> None:
         for layer in self.layers:

@@ -65,6 +65,9 @@ class ReduceScatterLayerNorm(torch.autograd.Function):
 
 class Zero2(Zero1):
     stage = 2
+    label = "ZeRO-2"
+    partitioned = "+ gradients"
+    memory_formula = "2Ψ + 14Ψ/N"
     FUNCTIONS = {
         nn.Linear: "zero_core.stages.zero2_linear:ReduceScatterLinear",
         nn.Embedding: ReduceScatterEmbedding,

@@ -50,6 +50,9 @@ class GatherLayerNorm(torch.autograd.Function):
 
 class Zero3(Zero2):
     stage = 3
+    label = "ZeRO-3"
+    partitioned = "+ parameters"
+    memory_formula = "16Ψ/N"
     FUNCTIONS = {
         nn.Linear: "zero_core.stages.zero3_gather:GatherLinear",
         nn.Embedding: "zero_core.stages.zero3_gather:GatherEmbedding",

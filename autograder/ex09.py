@@ -1,0 +1,350 @@
+"""ex09: the two-level all-gather of a ZeRO-3 layer, across nodes on 1/G of it, then inside the node.
+
+The student writes `hierarchical_all_gather(output, shard, node_group, cross_group)`, which
+`HierarchicalZero3` (zero_core/stages/zero3_hierarchical.py) calls for every layer's gather, in forward and
+in backward. The checks train the stage with it on N ranks in nodes of G (`GPUS_PER_NODE`) and judge, each
+from what the course's code observed, never from what the student's code reports:
+
+- values: the training, within the fp32 oracle's rounding (bit-identical to ZeRO-3's: gathers copy);
+- memory: per gather, what the rank's memory audit saw alive beyond the gathered layer while the function
+  ran (at most one staging buffer of Ψ_layer/G) and once it returned (nothing), and nothing left after a pass;
+- communication: from the ledger, with each collective's group: the stage's reduce-scatters as the
+  reference's; no gather collective over all N ranks; per rank and step, the gathers' bytes split by link
+  (`zero_core.topology`, each collective a ring over its group's ranks) exactly the hierarchical closed
+  forms, 2·Σ(M-1)/M·Ψ_layer/G across nodes and 2·Σ(G-1)/G·Ψ_layer inside them.
+
+The ledger's groups and the shards' measurements are not part of `records.Run`: the runs here are made by
+`train_linked`, which returns them beside the run, and they travel to the judge as data it validates.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from autograder.checks import Check, CheckFailed, ObservationInvalid
+from autograder.harness import (
+    COLLECTIVE_TIMEOUT_S,
+    CONFIG,
+    RUN_DEADLINE_S,
+    STEPS,
+    _train_rank,
+    graded_stage,
+    layer_partitions,
+    run_once,
+)
+from autograder.integrity import answer_modules, require_own_code
+from autograder.records import Run, run_from_data, run_to_data
+from autograder.stage_checks import MAX_FAILURE_CHARS, StageExercise
+from autograder.verdicts import check_nothing_left_behind, check_own_collectives, check_released
+from zero_core import comm, memory
+from zero_core.cluster import VirtualCluster
+from zero_core.context import current
+from zero_core.stages.base import OVERFLOW_TAG, TrainConfig, layer_tag
+from zero_core.stages.zero3_hierarchical import GATHER_CALLS, GatherCall, HierarchicalZero3
+from zero_core.topology import RING, Topology, link_bytes
+
+ASSIGNMENT = "ex09_hierarchical_allgather"
+ANSWER_MODULES = answer_modules(
+    ("zero_core.stages.zero1", "zero_core.stages.zero2", "zero_core.stages.zero3", "zero_core.stages.zero3_gather")
+)
+"""Not loaded, and not loadable, where the student's code is graded (`autograder.sandbox`). ZeRO-3's layer
+Functions are ex04's answer, due before this exercise: here they are the scaffolding."""
+
+GPUS_PER_NODE = {4: 2, 6: 3, 8: 4, 9: 3}
+"""G per world size: 2 nodes of 2 and of 3 on the visible sizes; 2 nodes of 4 and 3 nodes of 3 hidden, so that
+no node count or layout can be written down in advance. 6 and 9 ranks need padding."""
+VISIBLE_WORLD_SIZES, HIDDEN_WORLD_SIZES = [4, 6], [8, 9]
+GATHERED_ELEMENT_BYTES = 2
+"""The memory and communication checks train in bf16 (`harness.CONFIG`)."""
+PHASES = ("forward", "backward")
+
+
+def gpus_per_node(world_size: int) -> int:
+    if world_size not in GPUS_PER_NODE:
+        raise CheckFailed(f"{ASSIGNMENT} is checked on {sorted(GPUS_PER_NODE)} ranks, not {world_size}")
+    return GPUS_PER_NODE[world_size]
+
+
+class GradedHierarchicalZero3(HierarchicalZero3):
+    """The hierarchical ZeRO-3 with the nodes of the graded world size."""
+
+    def __init__(self, config: TrainConfig, functions: dict | None = None) -> None:
+        super().__init__(config, functions, gpus_per_node=gpus_per_node(current().world_size))
+
+
+def _build(function: Any) -> tuple[type, None]:
+    stage = type("StudentHierarchicalZero3", (GradedHierarchicalZero3,), {"ALL_GATHER": staticmethod(function)})
+    return graded_stage(stage, ASSIGNMENT), None
+
+
+# -- runs with their links, made where the student's code runs ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class Links:
+    """Per rank, what `records.Run` leaves out: each collective's (group, broadcast source), in ledger order,
+    and each gather as the shard measured it (`GatherCall`)."""
+
+    groups: list[list[tuple[tuple[int, ...], int]]]
+    gathers: list[list[GatherCall]]
+
+
+def _train_rank_measured(stage_cls: type, steps: int, config: TrainConfig) -> tuple[Any, list[GatherCall]]:
+    calls: list[GatherCall] = []
+    current().extra[GATHER_CALLS] = calls
+    return _train_rank(stage_cls, None, steps, config), calls
+
+
+def train_linked(stage_cls: type, world_size: int, config: TrainConfig = CONFIG) -> tuple[Run, Links]:
+    """`harness.train`, keeping the ledger's groups and the shards' gather measurements."""
+    cluster = VirtualCluster(world_size, timeout_s=COLLECTIVE_TIMEOUT_S, seed=CONFIG.seed)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        results = cluster.run(_train_rank_measured, stage_cls, STEPS, config, deadline_s=RUN_DEADLINE_S)
+    finally:
+        torch.set_num_threads(threads)
+    records = [record for record, _ in results]
+    run = Run.of(world_size, STEPS, records, cluster.trackers, cluster.ledger, layer_partitions(world_size))
+    groups = [[(e.group, e.src) for e in cluster.ledger.entries(rank)] for rank in range(world_size)]
+    return run, Links(groups, [calls for _, calls in results])
+
+
+def links_to_data(links: Links) -> dict[str, Any]:
+    return {
+        "groups": [[[list(group), src] for group, src in rank] for rank in links.groups],
+        "gathers": [[list(call) for call in rank] for rank in links.gathers],
+    }
+
+
+def _require(condition: bool, what: str) -> None:
+    if not condition:
+        raise ObservationInvalid(f"the grading process returned malformed data ({what}): no points")
+
+
+def _ints(values: Any) -> bool:
+    return isinstance(values, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in values)
+
+
+def links_from_data(data: Any, run: Run) -> Links:
+    """The `Links` that `links_to_data` wrote for `run`; `ObservationInvalid` for anything else."""
+    n, layers = run.world_size, list(run.partitions)
+    _require(isinstance(data, dict) and set(data) == {"groups", "gathers"}, "links")
+    _require(isinstance(data["groups"], list) and len(data["groups"]) == n, "groups per rank")
+    _require(isinstance(data["gathers"], list) and len(data["gathers"]) == n, "gathers per rank")
+    groups, gathers = [], []
+    for rank in range(n):
+        entries = data["groups"][rank]
+        _require(isinstance(entries, list) and len(entries) == len(run.collectives[rank]), f"rank {rank}'s groups")
+        for entry in entries:
+            _require(isinstance(entry, list) and len(entry) == 2 and _ints(entry[0]) and _ints(entry[1:]), "a group")
+            group, src = entry
+            _require(group == sorted(set(group)) and all(0 <= r < n for r in group), "a group's ranks")
+            _require((not group or rank in group) and 0 <= src < n, "a group's ranks")
+        groups.append([(tuple(group), src) for group, src in entries])
+        calls = data["gathers"][rank]
+        _require(isinstance(calls, list) and len(calls) == len(PHASES) * len(layers) * STEPS, f"rank {rank}'s gathers")
+        for call in calls:
+            _require(isinstance(call, list) and len(call) == 5 and _ints(call[3:]) and _ints([call[1]]), "a gather")
+            _require(call[0] in layers and 0 <= call[1] < STEPS and call[2] in PHASES, "a gather's layer")
+        gathers.append([GatherCall(*call) for call in calls])
+    return Links(groups, gathers)
+
+
+# -- the judge's rules ---------------------------------------------------------------------------------------
+
+
+def _is_stage_collective(tag: str, run: Run) -> bool:
+    """The stage's own collectives: the gradient reduce-scatters and the loss scaler's flag; the rest gather."""
+    return tag == OVERFLOW_TAG or tag in {layer_tag("grad", layer) for layer in run.partitions}
+
+
+STAGING_ADVICE = (
+    "At most one staging buffer of Ψ_layer/G elements (the 1/G of the layer a rank gathers across nodes) may be "
+    "alive at once beside `output`: no full-size buffer, no second staging, no copy of the layer (reshape of a "
+    "transposed view, contiguous(), cat, clone) to put blocks in order. Write each block where it belongs."
+)
+
+
+def check_staging(run: Run, links: Links, label: str) -> None:
+    """Every gather: at most one Ψ_layer/G staging buffer alive beside `output` while it runs, none after."""
+    g = gpus_per_node(run.world_size)
+    for rank, calls in enumerate(links.gathers):
+        for call in calls:
+            bound = run.partitions[call.layer].padded_numel // g * GATHERED_ELEMENT_BYTES
+            where = f"{label}: on rank {rank}, the {call.phase} gather of {call.layer} at step {call.step}"
+            if call.transient_bytes > bound:
+                raise CheckFailed(
+                    f"{where}: while your function ran, the rank's memory audit saw {call.transient_bytes:,} bytes "
+                    f"alive beside the gathered layer; one staging buffer of Ψ_layer/G is {bound:,} bytes. "
+                    f"{STAGING_ADVICE}"
+                )
+            if call.left_bytes > 0:
+                raise CheckFailed(
+                    f"{where}: {call.left_bytes:,} bytes your function allocated were still alive after it returned. "
+                    "Keep no reference to the staging buffer (no global, attribute or cache to reuse it): "
+                    "the audit counts a buffer until nothing references it."
+                )
+
+
+def check_stage_collectives(run: Run, links: Links, reference: Run, reference_links: Links, label: str) -> None:
+    """The collectives the stage makes (the gradients' reduce-scatters) are the reference's, group and all."""
+    for rank in range(run.world_size):
+        got, want = (
+            Counter(
+                (c.step, c.op, c.dtype, c.elements, group)
+                for c, (group, _) in zip(r.collectives[rank], ls.groups[rank], strict=True)
+                if _is_stage_collective(c.tag, r)
+            )
+            for r, ls in ((run, links), (reference, reference_links))
+        )
+        if got != want:
+            raise CheckFailed(
+                f"{label}: rank {rank}'s collectives tagged as the stage's gradient reduce-scatters differ from the "
+                f"reference's ({sum(got.values())} against {sum(want.values())}). Leave the tags `grad <layer>` to "
+                "the stage, and make only the gather's collectives."
+            )
+
+
+def expected_gather_bytes(run: Run) -> tuple[int, int]:
+    """(inter-node, intra-node) bytes every rank sends per step in two hierarchical gathers of every layer:
+    (M-1)·c and (G-1)·M·c per layer and gather, c its chunk (`topology.pass_split`, "hierarchical")."""
+    g = gpus_per_node(run.world_size)
+    m = run.world_size // g
+    chunks = sum(p.chunk_numel for p in run.partitions.values()) * GATHERED_ELEMENT_BYTES * len(PHASES)
+    return (m - 1) * chunks, (g - 1) * m * chunks
+
+
+def element_size(dtype: str) -> int:
+    """Bytes per element of a collective's dtype, as the ledger names it ("bfloat16")."""
+    value = getattr(torch, dtype, None) if dtype.isidentifier() else None
+    if not isinstance(value, torch.dtype):
+        raise ObservationInvalid(f"the grading process returned malformed data (dtype {dtype[:40]!r}): no points")
+    return value.itemsize
+
+
+def check_gather_links(run: Run, links: Links, label: str) -> None:
+    """No gather collective over every rank; each rank's gather bytes per step, by link, the closed forms."""
+    n = run.world_size
+    g = gpus_per_node(n)
+    topology = Topology(n, g)
+    inter_want, intra_want = expected_gather_bytes(run)
+    for step in range(run.steps):
+        for rank in range(n):
+            inter = intra = 0
+            for c, (group, src) in zip(run.collectives[rank], links.groups[rank], strict=True):
+                if c.step != step or _is_stage_collective(c.tag, run):
+                    continue
+                if len(group or range(n)) == n and c.op != comm.BARRIER:
+                    raise CheckFailed(
+                        f"{label}: at step {step}, rank {rank} made an {c.op} of {c.elements:,} elements over all {n} "
+                        f"ranks: a flat collective, whose ring crosses from one rank of each node to the next node. "
+                        "Run the gather in two levels: across nodes in cross_group, then inside the node in node_group."
+                    )
+                size = element_size(c.dtype)
+                traffic = link_bytes(c.op, c.elements * size, size, topology, rank, RING, src, group=group)
+                inter, intra = inter + int(traffic.inter_node_sent), intra + int(traffic.intra_node_sent)
+            if (inter, intra) != (inter_want, intra_want):
+                raise CheckFailed(
+                    f"{label}: at step {step}, rank {rank}'s gathers sent {inter:,} bytes across nodes and {intra:,} "
+                    f"inside its node ({n} ranks in {n // g} nodes of {g}, each collective a ring over its group). "
+                    f"Two hierarchical gathers of every layer send {inter_want:,} across ((M-1)/M·Ψ_layer/G per "
+                    f"gather) and {intra_want:,} inside ((G-1)/G·Ψ_layer). Gather across nodes first, among the ranks "
+                    "with your local index (cross_group), only your own chunk; then inside the node; nothing twice."
+                )
+
+
+# -- the exercise ------------------------------------------------------------------------------------------
+
+
+class LinkedStageExercise(StageExercise):
+    """A `StageExercise` whose runs carry their `Links`, and whose memory and communication are judged on them."""
+
+    def observe(self, *objects: Any, world_sizes: list[int], config: TrainConfig = CONFIG) -> dict[str, Any]:
+        require_own_code(dict(zip(self.names, objects, strict=True)), self.names, self.forbidden, self.exercise)
+        stage, _ = self.build(*objects)
+        runs: dict[str, dict[str, Any]] = {}
+        for n in world_sizes:
+            make = lambda n=n: train_linked(stage, n, config)  # noqa: E731
+            key = (self.exercise, objects, n, config.precision)
+            try:
+                run, links = run_once(key, objects, make, f"your code on {n} ranks ({gpus_per_node(n)} per node)")
+                runs[str(n)] = {"run": run_to_data(run), "links": links_to_data(links)}
+            except CheckFailed as failure:
+                runs[str(n)] = {"failure": str(failure)}
+        return {"runs": runs}
+
+    def linked_runs(self, observation: Any, world_sizes: list[int], config: TrainConfig = CONFIG) -> Any:
+        """(label, (run, links), (reference, its links)) per world size, validated; CheckFailed for a failed run."""
+        runs = observation.get("runs") if isinstance(observation, dict) else None
+        if not isinstance(runs, dict) or set(runs) != {str(n) for n in world_sizes}:
+            raise ObservationInvalid("the grading process returned malformed data (not one run per N): no points")
+        reference_stage = graded_stage(self.reference_stage, self.exercise)
+        for n in world_sizes:
+            entry = runs[str(n)]
+            if isinstance(entry, dict) and isinstance(entry.get("failure"), str):
+                raise CheckFailed(entry["failure"][:MAX_FAILURE_CHARS])
+            if not isinstance(entry, dict) or set(entry) != {"run", "links"}:
+                raise ObservationInvalid(f"the grading process returned malformed data (run on {n} ranks): no points")
+            run = run_from_data(entry["run"], n, STEPS, layer_partitions(n))
+            links = links_from_data(entry["links"], run)
+            check_own_collectives(run, self.reference_tags(), self.exercise)
+            make = lambda n=n: train_linked(reference_stage, n, config)  # noqa: E731
+            reference = run_once((self.exercise, "reference", n, config.precision), (), make, f"reference on {n}")
+            yield f"{n} ranks ({n // gpus_per_node(n)} nodes of {gpus_per_node(n)})", (run, links), reference
+
+    def runs(self, observation: Any, world_sizes: list[int], config: TrainConfig = CONFIG) -> Any:
+        for label, (run, _), (reference, _) in self.linked_runs(observation, world_sizes, config):
+            yield label, run, reference
+
+    def judge_memory(self, observation: Any, world_sizes: list[int]) -> str:
+        for label, (run, links), (reference, _) in self.linked_runs(observation, world_sizes):
+            check_staging(run, links, label)
+            self.memory_rules(run, reference, label)
+            check_nothing_left_behind(run, label)
+        return f"{self.sizes(world_sizes)} ranks: {self.memory_summary}; nothing left alive after a pass"
+
+    def judge_communication(self, observation: Any, world_sizes: list[int]) -> str:
+        for label, (run, links), (reference, reference_links) in self.linked_runs(observation, world_sizes):
+            check_stage_collectives(run, links, reference, reference_links, label)
+            check_gather_links(run, links, label)
+        return f"{self.sizes(world_sizes)} ranks: {self.communication_summary}"
+
+
+def gathered_memory_rules(run: Run, reference: Run, label: str) -> None:
+    check_released(
+        run, memory.GATHER, label, "The stage frees the gathered layer after it computes: keep no view of `output`."
+    )
+
+
+EXERCISE = LinkedStageExercise(
+    exercise=ASSIGNMENT,
+    names=("hierarchical_all_gather",),
+    reference="autograder.ex09:GradedHierarchicalZero3",
+    students_collectives=tuple(("param", kind) for kind in (nn.Linear, nn.Embedding, nn.LayerNorm)),
+    build=_build,
+    memory_rules=gathered_memory_rules,
+    memory_summary="at most one staging buffer of Ψ_layer/G alive during each gather, none after it returns",
+    communication_summary="no gather collective over all ranks; per rank, (M-1)/M·Ψ_layer/G across nodes and "
+    "(G-1)/G·Ψ_layer inside them per gather; the reduce-scatters as the reference's",
+)
+
+check_training = EXERCISE.check_training
+check_memory = EXERCISE.check_memory
+check_communication = EXERCISE.check_communication
+check_memory_and_communication = EXERCISE.check_memory_and_communication
+
+NAMES = EXERCISE.names
+_VISIBLE, _HIDDEN = {"world_sizes": VISIBLE_WORLD_SIZES}, {"world_sizes": HIDDEN_WORLD_SIZES}
+CHECKS = (
+    Check("test_training", 2, check_training, NAMES, _VISIBLE),
+    Check("test_memory", 2, check_memory, NAMES, _VISIBLE),
+    Check("test_communication", 2, check_communication, NAMES, _VISIBLE),
+    Check("test_hidden_training", 2, check_training, NAMES, _HIDDEN, hidden=True),
+    Check("test_hidden_memory_communication", 2, check_memory_and_communication, NAMES, _HIDDEN, True),
+)
