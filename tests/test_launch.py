@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -43,10 +45,25 @@ def child_env(**extra: str) -> dict[str, str]:
 
 
 def torchrun(nproc: int, *args: str, timeout_s: float = 110.0) -> subprocess.CompletedProcess:
-    """`torchrun --standalone` (a free port of its own choosing) running zero_core.launch."""
+    """`torchrun --standalone` (a free port of its own choosing) running zero_core.launch.
+
+    Past `timeout_s` the whole process group (torchrun and its ranks) is killed, so no orphaned rank
+    slows the tests after it, and the test fails with what the run had printed: where it stopped.
+    """
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
     command += ["-m", "zero_core.launch", "--preset", "micro", "--no-progress", *args]
-    return subprocess.run(command, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=timeout_s)
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+    run = subprocess.Popen(command, cwd=ROOT, env=child_env(), start_new_session=True, **pipes)
+    try:
+        out, err = run.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(run.pid, signal.SIGKILL)
+        out, err = run.communicate()
+        pytest.fail(
+            f"torchrun with {nproc} processes did not finish within {timeout_s:g} s; "
+            f"its stdout ended with:\n{out[-1500:]}\nits stderr ended with:\n{err[-3000:]}"
+        )
+    return subprocess.CompletedProcess(command, run.returncode, out, err)
 
 
 def real_run(tmp_path: Path, nproc: int, stages: str, precision: str, *extra: str, steps: int = STEPS) -> dict:
@@ -298,3 +315,24 @@ def test_the_launcher_imports_no_plotting_library() -> None:
     matplotlib): the launcher, and the CLI it shares code with, must not import one."""
     code = "import sys, zero_core.launch; sys.exit('matplotlib' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1]).returncode == 0
+
+
+def test_a_teardown_that_stalls_is_left_behind_within_its_bound(monkeypatch, capsys) -> None:
+    """`destroy_process_group` is known to hang now and then; a finished run must still end, saying so."""
+    release = threading.Event()
+    monkeypatch.setattr(launch.torch_dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(launch.torch_dist, "destroy_process_group", release.wait)
+    started = time.monotonic()
+    launch.tear_down(rank=2, bound_s=0.5)
+    waited = time.monotonic() - started
+    release.set()
+    assert 0.5 <= waited < 5
+    assert "rank 2: the process group's teardown did not finish within 0.5 s" in capsys.readouterr().err
+
+
+def test_a_teardown_that_finishes_says_nothing(monkeypatch, capsys) -> None:
+    destroyed = []
+    monkeypatch.setattr(launch.torch_dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(launch.torch_dist, "destroy_process_group", lambda: destroyed.append(True))
+    launch.tear_down(rank=0, bound_s=5)
+    assert destroyed == [True] and capsys.readouterr().err == ""

@@ -20,6 +20,7 @@ import argparse
 import os
 import signal
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -335,9 +336,32 @@ def main(argv: list[str] | None = None) -> int:
         # No teardown: the group has a peer that died or hangs, and destroying it can wait on that peer
         # (torch 2.6's gloo does); `leave` ends the process at once.
         return 1
-    if torch_dist.is_initialized():
-        torch_dist.destroy_process_group()
+    tear_down(env.rank)
     return exit_code
+
+
+TEARDOWN_S = 20.0
+
+
+def tear_down(rank: int, bound_s: float = TEARDOWN_S) -> None:
+    """Destroy the process group, waiting at most `bound_s` seconds for it.
+
+    Every rank reaches this after the closing barrier, with all output written, yet
+    `destroy_process_group` is known to hang now and then (pytorch/pytorch#75097), and a four-process
+    gloo run on torch 2.6 was once seen to outlast its test's 110 s limit with nothing left to do. A
+    teardown that stalls must not turn a finished run into a hung one: after `bound_s` the rank says
+    so on stderr and leaves anyway (`leave` ends the process without waiting on torch's threads).
+    """
+    if not torch_dist.is_initialized():
+        return
+    worker = threading.Thread(target=torch_dist.destroy_process_group, name="teardown", daemon=True)
+    worker.start()
+    worker.join(bound_s)
+    if worker.is_alive():
+        sys.stderr.write(
+            f"{PROG}: rank {rank}: the process group's teardown did not finish within {bound_s:g} s; "
+            "leaving without it (the run itself finished and its output is written)\n"
+        )
 
 
 def leave(exit_code: int) -> None:
