@@ -48,10 +48,12 @@ def torchrun(nproc: int, *args: str, timeout_s: float = 110.0) -> subprocess.Com
     """`torchrun --standalone` (a free port of its own choosing) running zero_core.launch.
 
     Past `timeout_s` the whole process group (torchrun and its ranks) is killed, so no orphaned rank
-    slows the tests after it, and the test fails with what the run had printed: where it stopped.
+    slows the tests after it, and the test fails with what the run had printed: the ranks print their
+    threads' stacks 15 s before that (`--stacks-after`), so a hang says where it is.
     """
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
     command += ["-m", "zero_core.launch", "--preset", "micro", "--no-progress", *args]
+    command += ["--stacks-after", f"{timeout_s - 15:g}"]  # where each rank is, should it hang
     pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
     run = subprocess.Popen(command, cwd=ROOT, env=child_env(), start_new_session=True, **pipes)
     try:
@@ -218,6 +220,7 @@ def test_a_world_size_the_virtual_cluster_cannot_reproduce_is_refused(monkeypatc
         (["--stage", "4"], "--stages takes stages from 0 to 3"),
         (["--steps", "0"], "--steps must be between"),
         (["--timeout", "0"], "--timeout must be positive"),
+        (["--stacks-after", "-1"], "--stacks-after must be positive"),
         (["--fail-rank", "2"], "--fail-rank 2 is outside 0..1"),
     ],
 )
@@ -296,6 +299,19 @@ def test_a_rank_that_never_starts_stops_the_others_after_the_timeout() -> None:
     assert time.monotonic() - started < 30
     assert err.strip().count("\n") == 0, err
     assert "rank 0: could not join the process group within 5 s" in err
+
+
+def test_stacks_after_prints_where_a_waiting_rank_is() -> None:
+    """`--stacks-after`: a rank still running after the given seconds prints its threads' stacks, so a run
+    that hangs (in a test that kills it, say) says where; here rank 0 waits for a rank that never starts."""
+    (rank0,) = spawn_ranks(2, "--stage", "3", "--timeout", "6", "--stacks-after", "2", only_rank=0)
+    try:
+        _, err = rank0.communicate(timeout=60)
+    finally:
+        rank0.kill()
+    assert "Thread 0x" in err and "most recent call first" in err
+    assert 'in join_process_group' in err
+    assert "rank 0: could not join the process group within 6 s" in err
 
 
 def test_leaving_flushes_both_streams_and_exits_with_the_code() -> None:

@@ -17,6 +17,7 @@ code 1 within `--timeout` seconds, naming the collective they were waiting in.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import os
 import signal
 import sys
@@ -78,6 +79,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--save", metavar="PATH", help="also torch.save losses, fp32 master weights and all ledgers")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--check-virtual", action="store_true", help="rank 0 also runs N virtual ranks and compares")
+    p.add_argument(
+        "--stacks-after",
+        type=float,
+        metavar="SECONDS",
+        help="if a rank is still running after SECONDS, print its threads' stacks to stderr (to see where a run hangs)",
+    )
     p.add_argument("--fail-rank", type=int, default=-1, help=argparse.SUPPRESS)
     p.add_argument("--fail-at-step", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--fail-mode", default="exit", choices=["exit", "hang"], help=argparse.SUPPRESS)
@@ -124,6 +131,8 @@ def check(args: argparse.Namespace, env: TorchrunEnv) -> list[int]:
         raise UsageError(f"unknown --preset {args.preset!r}; choose one of {', '.join(PRESETS)}")
     if args.timeout <= 0:
         raise UsageError(f"--timeout must be positive, got {args.timeout}")
+    if args.stacks_after is not None and args.stacks_after <= 0:
+        raise UsageError(f"--stacks-after must be positive, got {args.stacks_after}")
     predicted.check(args)
     if args.fail_rank >= env.world_size:
         raise UsageError(f"--fail-rank {args.fail_rank} is outside 0..{env.world_size - 1}")
@@ -325,6 +334,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"{PROG}: error: {error}\n")
         return 2
     signal.signal(signal.SIGTERM, _stopped_by_torchrun)
+    if args.stacks_after is not None:
+        faulthandler.dump_traceback_later(args.stacks_after, file=sys.stderr)
     try:
         exit_code = run(args, env, stages)
     except UsageError as error:
