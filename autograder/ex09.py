@@ -28,21 +28,18 @@ import torch.nn as nn
 
 from autograder.checks import Check, CheckFailed, ObservationInvalid
 from autograder.harness import (
-    COLLECTIVE_TIMEOUT_S,
     CONFIG,
-    RUN_DEADLINE_S,
     STEPS,
-    _train_rank,
     graded_stage,
     layer_partitions,
     run_once,
+    train_observed,
 )
 from autograder.integrity import answer_modules, require_own_code
 from autograder.records import Run, run_from_data, run_to_data
 from autograder.stage_checks import MAX_FAILURE_CHARS, StageExercise
 from autograder.verdicts import check_nothing_left_behind, check_own_collectives, check_released
 from zero_core import comm, memory
-from zero_core.cluster import VirtualCluster
 from zero_core.context import current
 from zero_core.stages.base import OVERFLOW_TAG, TrainConfig, layer_tag
 from zero_core.stages.zero3_hierarchical import GATHER_CALLS, GatherCall, HierarchicalZero3
@@ -94,25 +91,11 @@ class Links:
     gathers: list[list[GatherCall]]
 
 
-def _train_rank_measured(stage_cls: type, steps: int, config: TrainConfig) -> tuple[Any, list[GatherCall]]:
-    calls: list[GatherCall] = []
-    current().extra[GATHER_CALLS] = calls
-    return _train_rank(stage_cls, None, steps, config), calls
-
-
 def train_linked(stage_cls: type, world_size: int, config: TrainConfig = CONFIG) -> tuple[Run, Links]:
     """`harness.train`, keeping the ledger's groups and the shards' gather measurements."""
-    cluster = VirtualCluster(world_size, timeout_s=COLLECTIVE_TIMEOUT_S, seed=CONFIG.seed)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        results = cluster.run(_train_rank_measured, stage_cls, STEPS, config, deadline_s=RUN_DEADLINE_S)
-    finally:
-        torch.set_num_threads(threads)
-    records = [record for record, _ in results]
-    run = Run.of(world_size, STEPS, records, cluster.trackers, cluster.ledger, layer_partitions(world_size))
-    groups = [[(e.group, e.src) for e in cluster.ledger.entries(rank)] for rank in range(world_size)]
-    return run, Links(groups, [calls for _, calls in results])
+    run, ledger, observed = train_observed(stage_cls, world_size, config=config, observed=(GATHER_CALLS,))
+    groups = [[(e.group, e.src) for e in ledger.entries(rank)] for rank in range(world_size)]
+    return run, Links(groups, [observations[GATHER_CALLS] for observations in observed])
 
 
 def links_to_data(links: Links) -> dict[str, Any]:

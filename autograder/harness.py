@@ -36,6 +36,7 @@ from zero_core.cluster import (
     RunTimeout,
     VirtualCluster,
 )
+from zero_core.comm import CommLedger
 from zero_core.context import current
 from zero_core.dist import RECORD_ISSUERS
 from zero_core.memory import unaudited
@@ -109,10 +110,16 @@ def graded_stage(stage_cls: type[ZeroStage], exercise: str) -> type[ZeroStage]:
     return type(f"Graded{stage_cls.__name__}", (Recording, stage_cls), attributes)
 
 
-def _train_rank(stage_cls: type[ZeroStage], functions: dict | None, steps: int, config: TrainConfig) -> RankRecord:
+def _train_rank(
+    stage_cls: type[ZeroStage], functions: dict | None, steps: int, config: TrainConfig, observed: tuple[str, ...]
+) -> tuple[RankRecord, dict[str, list]]:
     """Train under the memory audit: every storage the rank allocates, the student's code included, is on
-    its ledger whether or not the code registers it, and counts for as long as anything keeps it alive."""
+    its ledger whether or not the code registers it, and counts for as long as anything keeps it alive.
+    Returns the record and, per key of `observed`, the list the course's stage code appended to under that
+    key of `current().extra` (a stage's own measurements, such as ex09's gathers)."""
     current().extra[RECORD_ISSUERS] = True
+    observations: dict[str, list] = {key: [] for key in observed}
+    current().extra.update(observations)
     with current().tracker.audit(), schedule.record() as marks:
         trainer = stage_cls(config, functions=functions)
         for step in range(steps):
@@ -120,7 +127,7 @@ def _train_rank(stage_cls: type[ZeroStage], functions: dict | None, steps: int, 
     with unaudited():
         trainer.record.master = trainer.master_shards()
     trainer.record.schedule = marks
-    return trainer.record
+    return trainer.record, observations
 
 
 def layer_partitions(world_size: int) -> dict[str, FlatPartition]:
@@ -153,14 +160,29 @@ def train(
     config: TrainConfig = CONFIG,
 ) -> Run:
     """Train `stage_cls` (a `graded_stage`) on `world_size` ranks; cluster errors propagate."""
+    return train_observed(stage_cls, world_size, functions, steps, config)[0]
+
+
+def train_observed(
+    stage_cls: type[ZeroStage],
+    world_size: int,
+    functions: dict | None = None,
+    steps: int = STEPS,
+    config: TrainConfig = CONFIG,
+    observed: tuple[str, ...] = (),
+) -> tuple[Run, CommLedger, list[dict[str, list]]]:
+    """`train`, also returning the full ledger (`Run` keeps a summary of it) and, per rank, what the stage
+    code appended under each key of `observed` in `current().extra`."""
     cluster = VirtualCluster(world_size, timeout_s=COLLECTIVE_TIMEOUT_S, seed=CONFIG.seed)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        records = cluster.run(_train_rank, stage_cls, functions, steps, config, deadline_s=RUN_DEADLINE_S)
+        results = cluster.run(_train_rank, stage_cls, functions, steps, config, observed, deadline_s=RUN_DEADLINE_S)
     finally:
         torch.set_num_threads(threads)
-    return Run.of(world_size, steps, records, cluster.trackers, cluster.ledger, layer_partitions(world_size))
+    records = [record for record, _ in results]
+    run = Run.of(world_size, steps, records, cluster.trackers, cluster.ledger, layer_partitions(world_size))
+    return run, cluster.ledger, [observations for _, observations in results]
 
 
 def explain_failure(error: BaseException, what: str) -> str:
