@@ -11,7 +11,7 @@ import pytest
 from zero_core.cli import main
 from zero_core.configuration_time import model_layers, predict
 from zero_core.configurations import CONFIGURATIONS
-from zero_core.time_model import H100_800G
+from zero_core.time_model import DGX_A100, H100_800G
 
 
 def test_compare_prints_the_four_tables_and_writes_json(tmp_path, capsys) -> None:
@@ -90,6 +90,21 @@ def test_compare_predicts_every_stages_step_time_on_the_machine(tmp_path, capsys
     assert comm["zeropp"] < comm["hpz"] < comm[3], "hpZ's backward gather runs on NVLink, ZeRO++ sends int8/int4"
     assert rows["offload"]["scaled_model"]["optimizer_s"] > 10 * rows[0]["scaled_model"]["optimizer_s"] / 4
     assert all(row["this_model"]["step_s"] > 0 for row in rows.values())
+
+
+@pytest.mark.parametrize("world_size, nodes_of", [(16, 8), (12, 6), (3, 3)])
+def test_without_gpus_per_node_the_prediction_uses_the_machines_nodes(tmp_path, capsys, world_size, nodes_of) -> None:
+    """A run on one node still predicts for the machine's nodes (8 GPUs on a DGX A100; the largest divisor of N
+    below that where N is no multiple of 8): 16 GPUs on one NVLink domain would hide the network."""
+    out = tmp_path / "run.json"
+    argv = ["compare", "--world-size", str(world_size), "--steps", "1", "--preset", "micro", "--stages", "0"]
+    assert main([*argv, "--no-progress", "--json", str(out)]) == 0
+    text, data = capsys.readouterr().out, json.loads(out.read_text())
+    assert f"N = {world_size} in nodes of {nodes_of} (the machine's; --gpus-per-node sets them)" in text
+    assert data["gpus_per_node"] == world_size, "the run itself is on one node"
+    assert data["predicted"]["gpus_per_node"] == nodes_of
+    expected = predict(CONFIGURATIONS["zero0"], model_layers(7.5e9, 4096), DGX_A100, world_size, nodes_of)
+    assert data["predicted"]["stages"][0]["scaled_model"]["step_s"] == pytest.approx(expected.step_s)
 
 
 def test_named_stages_get_figures_and_trace_processes(tmp_path, capsys) -> None:

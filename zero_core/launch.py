@@ -49,7 +49,6 @@ from zero_core.memory import Leftover, MemoryEvent, MemoryTracker
 from zero_core.model import PRESETS, count_parameters, preset
 from zero_core.stages import TrainConfig
 from zero_core.stages.base import ZERO1_GRAD_SYNCS
-from zero_core.topology import Topology
 
 PROG = "python -m zero_core.launch"
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -271,11 +270,11 @@ def run(args: argparse.Namespace, env: TorchrunEnv, stages: list[int]) -> int:
         equivalences = [equivalence(reference, r) for r in reports]
         print()
         print(render(reports, equivalences, reference), flush=True)
-        topology = Topology.single_node(env.world_size)
         compare_args = argparse.Namespace(**vars(args), world_size=env.world_size)
-        times = predicted.rows(reports, topology, compare_args)
+        nodes = predicted.prediction_topology(env.world_size, None, args.machine)
+        times = predicted.rows(reports, nodes, compare_args)
         print()
-        print(predicted.render(times, topology, compare_args), flush=True)
+        print(predicted.render(times, nodes, compare_args), flush=True)
         if any(peak is not None for peaks in cuda_peaks for peak in peaks):
             print()
             print(against_cuda_allocator(reports, cuda_peaks), flush=True)

@@ -184,9 +184,10 @@ def run(args: argparse.Namespace) -> int:
     print()
     links = [link_summary(r, topology, args.collectives) for r in reports] if links_asked(args) else None
     print(render(reports, equivalences, reference, links=links, topology=topology, algorithm=args.collectives))
-    times = predicted.rows(reports, topology, args)
+    nodes = predicted.prediction_topology(args.world_size, args.gpus_per_node, args.machine)
+    times = predicted.rows(reports, nodes, args)
     print()
-    print(predicted.render(times, topology, args))
+    print(predicted.render(times, nodes, args))
     if args.json:
         write_json(
             Path(args.json),
@@ -444,6 +445,9 @@ def write_json(
     if predictions is not None:
         data["predicted"] = {
             "machine": MACHINES[args.machine].name,
+            "gpus_per_node": predicted.prediction_topology(
+                args.world_size, getattr(args, "gpus_per_node", None), args.machine
+            ).gpus_per_node,
             "scaled_psi": args.predict_params,
             "tokens_per_gpu": args.tokens_per_gpu,
             "stages": predictions,

@@ -58,6 +58,17 @@ def check(args: argparse.Namespace) -> None:
         )
 
 
+def prediction_topology(world_size: int, gpus_per_node: int | None, machine: str) -> Topology:
+    """The nodes the prediction assumes: the run's `--gpus-per-node` when given, else the machine's own node
+    size, or where N is no multiple of it the largest node size below it that divides N. A run without nodes
+    puts every rank on one node, but 32 GPUs on one NVLink domain of a DGX A100 (8 per node) would hide the
+    network that decides the larger GPT's step."""
+    if gpus_per_node is None:
+        largest = min(MACHINES[machine].gpus_per_node, world_size)
+        gpus_per_node = max(g for g in range(1, largest + 1) if world_size % g == 0)
+    return Topology(world_size, gpus_per_node)
+
+
 def _times(prediction: StepPrediction) -> dict[str, float]:
     return {
         "step_s": prediction.step_s,
@@ -105,9 +116,10 @@ def render(found: list[dict[str, Any]], topology: Topology, args: argparse.Names
                 f"{scaled['tokens_per_s_per_gpu']:,.0f}",
             ]
         )
+    whose = "" if getattr(args, "gpus_per_node", None) else " (the machine's; --gpus-per-node sets them)"
     title = (
         f"Predicted step time on {MACHINES[args.machine].name} (--machine), N = {topology.world_size} in nodes of "
-        f"{topology.gpus_per_node} (zero_core.time_model: compute, network and PCIe streams, overlapped as each "
+        f"{topology.gpus_per_node}{whose} (zero_core.time_model: compute, network and PCIe streams, overlapped as each "
         f"schedule allows);\nfirst this run's model, then a GPT of Ψ = {format_count(psi)} at {tokens:,} tokens "
         "per GPU (--predict-params, --tokens-per-gpu)"
     )
