@@ -68,11 +68,13 @@ def torchrun(nproc: int, *args: str, timeout_s: float = 110.0) -> subprocess.Com
     return subprocess.CompletedProcess(command, run.returncode, out, err)
 
 
-def real_run(tmp_path: Path, nproc: int, stages: str, precision: str, *extra: str, steps: int = STEPS) -> dict:
+def real_run(
+    tmp_path: Path, nproc: int, stages: str, precision: str, *extra: str, steps: int = STEPS, timeout_s: float = 110.0
+) -> dict:
     save, report = tmp_path / "run.pt", tmp_path / "run.json"
     started = time.monotonic()
     options = ["--stages", stages, "--steps", str(steps), "--precision", precision, "--save", str(save)]
-    done = torchrun(nproc, *options, "--json", str(report), *extra)
+    done = torchrun(nproc, *options, "--json", str(report), *extra, timeout_s=timeout_s)
     assert done.returncode == 0, done.stderr[-3000:]
     return {
         "seconds": time.monotonic() - started,
@@ -110,7 +112,9 @@ def two_processes(tmp_path_factory) -> dict:
 
 @pytest.fixture(scope="module")
 def four_processes(tmp_path_factory) -> dict:
-    return real_run(tmp_path_factory.mktemp("four"), 4, "0,1,2,3", "fp32", steps=5)
+    """Four processes on two cores: 9 s here, but once, on a CI machine with torch 2.6, longer than 110 s (cause
+    not seen then; the ranks now print their stacks before the limit): a limit for a hang, not a timing."""
+    return real_run(tmp_path_factory.mktemp("four"), 4, "0,1,2,3", "fp32", steps=5, timeout_s=240.0)
 
 
 def test_two_gloo_processes_train_zero0_and_zero3_in_under_two_minutes(two_processes) -> None:
