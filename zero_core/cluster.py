@@ -85,9 +85,11 @@ class RankAborted(BaseException):
 
 @dataclass
 class CollectiveCall:
-    """What a rank asked for: ranks must agree on everything here except `tag` and `seq`.
+    """What a rank asked for: ranks must agree on everything here except `tag`, `seq` and `blocking`.
 
     `group` is the sorted global ranks of the process group the collective runs in, empty for every rank.
+    `blocking`: the rank waits for the result at once (not `async_op`), so the virtual cluster can hand it
+    over in the same turn of its lock as the arrival (`VirtualCluster.exchange`).
     `VirtualCluster.arrive` stamps `seq`, the call's position in the rank's sequence of collectives in
     that group: each group numbers its own, as each torch.distributed process group does.
     """
@@ -101,6 +103,7 @@ class CollectiveCall:
     tag: str = ""
     seq: int = -1
     group: tuple[int, ...] = ()
+    blocking: bool = False
 
     def signature(self) -> tuple:
         return (self.op, self.dtype, self.input_shape, self.output_shape, self.reduce_op, self.src)
@@ -426,48 +429,66 @@ class VirtualCluster:
 
         The collective meets the ranks of `call.group` (every rank when it is empty). `combine` gets the
         payloads in rank order (group order in a group), and its return value is the collective's result,
-        which `result` hands out. Arriving never waits: a blocking collective calls `result` at once,
-        an `async_op=True` one when its `Work` is waited on. Until then the rank runs its own code, and
-        must leave its payload as it is.
+        which `result` hands out. Arriving never waits: an `async_op=True` collective calls `result` when
+        its `Work` is waited on (a blocking one calls `exchange` instead). Until then the rank runs its own
+        code, and must leave its payload as it is.
         """
         with self._lock:
-            self._raise_if_failed()
-            group = call.group
-            seqs = self._next_seq[rank]
-            seq = seqs.get(group, 0)
-            seqs[group] = seq + 1
-            self._calls_made[rank] += 1
-            call.seq = seq
-            meeting = self._pending.get((group, seq))
-            if meeting is None:
-                meeting = self._pending[group, seq] = _Rendezvous(group or range(self.world_size))
-            if meeting.first_rank >= 0:
-                if meeting.signature != call.signature():
-                    first = meeting.calls[meeting.members.index(meeting.first_rank)]
-                    where = f" in group {list(group)}" if group else ""
-                    raise CollectiveMismatch(
-                        f"collective mismatch at position #{seq}{where}: rank {rank} called {call.describe()}, "
-                        f"but rank {meeting.first_rank} called {first.describe()}. Every rank must call the "
-                        "same collectives, in the same order, with the same shapes and dtypes."
-                    )
-            else:
-                meeting.first_rank = rank
-                meeting.signature = call.signature()
-            index = group.index(rank) if group else rank
-            meeting.calls[index] = call
-            meeting.payloads[index] = payload
-            meeting.arrived += 1
-            self._raise_if_deadlocked(meeting, call)
-            if meeting.arrived == len(meeting.members):
-                meeting.result = _combine_outside_dispatch_modes(combine, meeting.payloads)
-                meeting.payloads = []
-                meeting.done = True
-                meeting.done_at = time.monotonic()
-                del self._pending[group, seq]
-                for waiter in meeting.waiters:
-                    self._waiting[waiter] = None
-                    self._grant_slot(waiter)
-                meeting.waiters = []
+            return self._meet(rank, call, payload, combine)
+
+    def exchange(self, rank: int, call: CollectiveCall, payload: Any, combine: Callable[[list[Any]], Any]) -> Any:
+        """A blocking collective: `arrive`, then `result`, in one turn of the cluster's lock.
+
+        Every rank but the last to arrive sleeps until the collective completes; taking the lock once
+        rather than twice for it matters, since every rank of the cluster pays it in every collective.
+        """
+        with self._lock:
+            meeting = self._meet(rank, call, payload, combine)
+            if meeting.done:
+                return meeting.result
+            self._wait_in(rank, meeting, call)
+        self._wait_for_turn(rank, meeting)
+        return meeting.result
+
+    def _meet(self, rank: int, call: CollectiveCall, payload: Any, combine: Callable[[list[Any]], Any]) -> _Rendezvous:
+        """`arrive`'s work (caller holds the lock)."""
+        self._raise_if_failed()
+        group = call.group
+        seqs = self._next_seq[rank]
+        seq = seqs.get(group, 0)
+        seqs[group] = seq + 1
+        self._calls_made[rank] += 1
+        call.seq = seq
+        meeting = self._pending.get((group, seq))
+        if meeting is None:
+            meeting = self._pending[group, seq] = _Rendezvous(group or range(self.world_size))
+        if meeting.first_rank >= 0:
+            if meeting.signature != call.signature():
+                first = meeting.calls[meeting.members.index(meeting.first_rank)]
+                where = f" in group {list(group)}" if group else ""
+                raise CollectiveMismatch(
+                    f"collective mismatch at position #{seq}{where}: rank {rank} called {call.describe()}, "
+                    f"but rank {meeting.first_rank} called {first.describe()}. Every rank must call the "
+                    "same collectives, in the same order, with the same shapes and dtypes."
+                )
+        else:
+            meeting.first_rank = rank
+            meeting.signature = call.signature()
+        index = group.index(rank) if group else rank
+        meeting.calls[index] = call
+        meeting.payloads[index] = payload
+        meeting.arrived += 1
+        self._raise_if_deadlocked(meeting, call)
+        if meeting.arrived == len(meeting.members):
+            meeting.result = _combine_outside_dispatch_modes(combine, meeting.payloads)
+            meeting.payloads = []
+            meeting.done = True
+            meeting.done_at = time.monotonic()
+            del self._pending[group, seq]
+            for waiter in meeting.waiters:
+                self._waiting[waiter] = None
+                self._grant_slot(waiter)
+            meeting.waiters = []
         return meeting
 
     def result(self, rank: int, meeting: _Rendezvous) -> Any:
@@ -483,12 +504,17 @@ class VirtualCluster:
             self._raise_if_failed()
             if meeting.done:
                 return meeting.result
-            meeting.waiters.append(rank)
-            self._waiting[rank] = meeting.calls[meeting.members.index(rank)]
-            self._park(rank)
-            self._pass_slot(rank)
+            self._wait_in(rank, meeting, meeting.calls[meeting.members.index(rank)])
         self._wait_for_turn(rank, meeting)
         return meeting.result
+
+    def _wait_in(self, rank: int, meeting: _Rendezvous, call: CollectiveCall) -> None:
+        """Put `rank` to sleep until `meeting` completes, giving up its slot (caller holds the lock, then
+        waits in `_wait_for_turn`)."""
+        meeting.waiters.append(rank)
+        self._waiting[rank] = call
+        self._park(rank)
+        self._pass_slot(rank)
 
     def _raise_if_failed(self) -> None:
         if self._failure is not None:

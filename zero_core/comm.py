@@ -23,6 +23,7 @@ group's size and r the rank's index in the group (its ranks sorted, as torch.dis
 
 from __future__ import annotations
 
+import functools
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
@@ -127,6 +128,11 @@ class CommEntry(NamedTuple):
         return self.bytes_sent / self.element_size if self.element_size else 0.0
 
 
+_new_entry = functools.partial(tuple.__new__, CommEntry)
+"""`CommEntry` from a tuple of all its fields, without the named tuple's Python-level `__new__`: the same
+object, made by every rank for every collective."""
+
+
 class RankLedger:
     """The collectives of one rank, in call order. Only its own rank thread appends to it."""
 
@@ -165,25 +171,28 @@ class RankLedger:
             else:
                 traffic = ring_bytes(op, full_bytes, element_size, self.world_size, self.rank, src)
             self._ring_bytes[key] = traffic
-        sent, received = traffic
-        entry = CommEntry(
-            len(self.entries),
-            op,
-            tag,
-            dtype,
-            full_bytes // element_size if element_size else 0,
-            element_size,
-            sent,
-            received,
-            step,
-            phase,
-            seconds,
-            started_s,
-            issuer=issuer,
-            group=group,
-            src=src,
+        entries = self.entries
+        entry = _new_entry(
+            (
+                len(entries),
+                op,
+                tag,
+                dtype,
+                full_bytes // element_size if element_size else 0,
+                element_size,
+                *traffic,
+                step,
+                phase,
+                seconds,
+                started_s,
+                0.0,
+                0.0,
+                issuer,
+                group,
+                src,
+            )
         )
-        self.entries.append(entry)
+        entries.append(entry)
         return entry
 
     def record_wait(self, seq: int, started_s: float, seconds: float) -> None:

@@ -241,7 +241,16 @@ def all_reduce(
     members = _members(ctx, group, "all_reduce")
     reduce_op = _reduce_op(op)
     shape = tuple(tensor.shape)
-    call = CollectiveCall("all_reduce", _dtype_name(tensor), shape, shape, reduce_op.name, tag=tag or "", group=members)
+    call = CollectiveCall(
+        "all_reduce",
+        _dtype_name(tensor),
+        shape,
+        shape,
+        reduce_op.name,
+        tag=tag or "",
+        group=members,
+        blocking=not async_op,
+    )
     return _run(
         ctx,
         comm.ALL_REDUCE,
@@ -290,6 +299,7 @@ def reduce_scatter_single(
         reduce_op.name,
         tag=tag or "",
         group=members,
+        blocking=not async_op,
     )
     return _run(
         ctx,
@@ -334,6 +344,7 @@ def all_gather_single(
         tuple(output_tensor.shape),
         tag=tag or "",
         group=members,
+        blocking=not async_op,
     )
     return _run(
         ctx,
@@ -373,7 +384,13 @@ def all_to_all_single(
             f"shape whose first dimension the world_size ({world_size}) divides: pad dim 0 to a multiple of it"
         )
     call = CollectiveCall(
-        "all_to_all", _dtype_name(input), tuple(input.shape), tuple(output.shape), tag=tag or "", group=members
+        "all_to_all",
+        _dtype_name(input),
+        tuple(input.shape),
+        tuple(output.shape),
+        tag=tag or "",
+        group=members,
+        blocking=not async_op,
     )
     return _run(
         ctx,
@@ -409,7 +426,9 @@ def broadcast(
         where = f"one of {list(members)}" if members else f"0..{ctx.world_size - 1}"
         raise ValueError(f"rank {ctx.rank}: broadcast needs src in {where}, got {given}")
     shape = tuple(tensor.shape)
-    call = CollectiveCall("broadcast", _dtype_name(tensor), shape, shape, src=source, tag=tag or "", group=members)
+    call = CollectiveCall(
+        "broadcast", _dtype_name(tensor), shape, shape, src=source, tag=tag or "", group=members, blocking=not async_op
+    )
     return _run(
         ctx,
         comm.BROADCAST,
@@ -428,7 +447,9 @@ def barrier(
 ) -> Work | None:
     """Wait until every rank (of `group`) has reached this point."""
     ctx = current()
-    call = CollectiveCall("barrier", "", (), (), tag=tag or "", group=_members(ctx, group, "barrier"))
+    call = CollectiveCall(
+        "barrier", "", (), (), tag=tag or "", group=_members(ctx, group, "barrier"), blocking=not async_op
+    )
     return _run(ctx, comm.BARRIER, tag, call, lambda backend: backend.barrier(call), 0, 1, async_op)
 
 

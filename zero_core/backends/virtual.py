@@ -2,15 +2,16 @@
 
 Each rank thread hands its input to `VirtualCluster.arrive`; the last rank to arrive combines all the
 inputs once (a sum in rank order 0, 1, ..., N-1 with fp32 accumulation, or a concatenation), and every
-rank copies out its part from `VirtualCluster.result`: at once in a blocking collective, when its
-`Work` is waited on in an `async_op=True` one. Summing in one fixed order is what makes an all-reduce
-followed by taking a slice bit-for-bit equal to a reduce-scatter, so that every ZeRO stage trains to
-the same weights.
+rank copies out its part of the result: at once in a blocking collective (`VirtualCluster.exchange`),
+when its `Work` is waited on in an `async_op=True` one (`VirtualCluster.result`). Summing in one fixed
+order is what makes an all-reduce followed by taking a slice bit-for-bit equal to a reduce-scatter, so
+that every ZeRO stage trains to the same weights.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -59,32 +60,53 @@ class VirtualBackend:
         """Nothing to set up: the cluster's rendezvous meets a group's ranks by `call.group`."""
 
     def all_reduce(self, tensor: torch.Tensor, op: ReduceOp, call: CollectiveCall) -> Finish:
-        meeting = self.cluster.arrive(self.rank, call, tensor, lambda inputs: reduce_in_rank_order(inputs, op))
-        return lambda: tensor.copy_(self.cluster.result(self.rank, meeting))
+        return self._meet(call, tensor, lambda inputs: reduce_in_rank_order(inputs, op), tensor.copy_)
 
     def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: ReduceOp, call: CollectiveCall) -> Finish:
-        meeting = self.cluster.arrive(
-            self.rank, call, input, lambda inputs: reduce_into_chunks(inputs, op, call.output_shape)
-        )
         index = call.group.index(self.rank) if call.group else self.rank
-        return lambda: output.copy_(self.cluster.result(self.rank, meeting)[index])
+        return self._meet(
+            call,
+            input,
+            lambda inputs: reduce_into_chunks(inputs, op, call.output_shape),
+            lambda chunks: output.copy_(chunks[index]),
+        )
 
     def all_gather(self, output: torch.Tensor, input: torch.Tensor, call: CollectiveCall) -> Finish:
-        meeting = self.cluster.arrive(
-            self.rank, call, input, lambda inputs: concatenate_in_rank_order(inputs, call.output_shape)
+        return self._meet(
+            call, input, lambda inputs: concatenate_in_rank_order(inputs, call.output_shape), output.copy_
         )
-        return lambda: output.copy_(self.cluster.result(self.rank, meeting))
 
     def all_to_all(self, output: torch.Tensor, input: torch.Tensor, call: CollectiveCall) -> Finish:
-        meeting = self.cluster.arrive(self.rank, call, input, lambda inputs: exchange_chunks(inputs, call.output_shape))
         index = call.group.index(self.rank) if call.group else self.rank
-        return lambda: output.copy_(self.cluster.result(self.rank, meeting)[index])
+        return self._meet(
+            call,
+            input,
+            lambda inputs: exchange_chunks(inputs, call.output_shape),
+            lambda chunks: output.copy_(chunks[index]),
+        )
 
     def broadcast(self, tensor: torch.Tensor, src: int, call: CollectiveCall) -> Finish:
         """`src` is the source's index in the group (its rank without one)."""
-        meeting = self.cluster.arrive(self.rank, call, tensor, lambda inputs: inputs[src].clone())
-        return lambda: tensor.copy_(self.cluster.result(self.rank, meeting))
+        return self._meet(call, tensor, lambda inputs: inputs[src].clone(), tensor.copy_)
 
     def barrier(self, call: CollectiveCall) -> Finish:
-        meeting = self.cluster.arrive(self.rank, call, None, lambda inputs: None)
-        return lambda: self.cluster.result(self.rank, meeting)
+        return self._meet(call, None, _nothing, _nothing)
+
+    def _meet(
+        self, call: CollectiveCall, payload: Any, combine: Callable[[list], Any], take: Callable[[Any], Any]
+    ) -> Finish:
+        """Hand `payload` to the rendezvous; `take(result)` puts this rank's part of the result in place.
+
+        A blocking call (`call.blocking`) arrives and waits in one turn of the cluster's lock
+        (`VirtualCluster.exchange`), takes its part, and returns a `Finish` with nothing left to do; an
+        `async_op` one takes its part when its `Work` is waited on.
+        """
+        if call.blocking:
+            take(self.cluster.exchange(self.rank, call, payload, combine))
+            return _nothing
+        meeting = self.cluster.arrive(self.rank, call, payload, combine)
+        return lambda: take(self.cluster.result(self.rank, meeting))
+
+
+def _nothing(*_: Any) -> None:
+    """A barrier's combine and take, and the `Finish` of a blocking collective that is already done."""
