@@ -111,11 +111,12 @@ def train_on_rank(
     """Train `stage` on the calling rank for `steps` steps, timing every phase and instrumenting the last.
 
     The last step counts FLOPs per phase and the activations autograd saves, and audits every storage
-    the rank allocates (`MemoryTracker.audit`), as does the stage's setup: its memory peaks are the
-    report's, true peaks of live bytes with every temporary in them. The audit sees each tensor
-    operation, which makes a step 1.6-2.8x slower at N = 32 (`benchmarks/bench_memory_audit.py`), so the
-    steps between run without it; what they allocate and keep would be missed, and a test walking every
-    storage the stages hold finds none.
+    the rank allocates (`memory.StorageAudit`, which carries the FLOP meter: one dispatch mode, not two
+    stacked, so each tensor operation passes through Python once), as does the stage's setup: its memory
+    peaks are the report's, true peaks of live bytes with every temporary in them. The audit sees each
+    tensor operation, which makes a step 1.6-2.8x slower at N = 32 (`benchmarks/bench_memory_audit.py`),
+    so the steps between run without it; what they allocate and keep would be missed, and a test walking
+    every storage the stages hold finds none.
     Runs the same on a virtual-cluster thread and in a torchrun process. `gpus_per_node` goes to the stages
     that shard by node ("hsdp", "hpz"); the others ignore it.
     """
@@ -130,12 +131,13 @@ def train_on_rank(
 
     for step in range(steps):
         last = step == steps - 1
+        audit = memory.StorageAudit(tracker) if last else None
 
         @contextmanager
-        def measure(phase: str, step: int = step, last: bool = last) -> Iterator[None]:
+        def measure(phase: str, step: int = step, audit: memory.StorageAudit | None = audit) -> Iterator[None]:
             started = time.perf_counter()
-            if last:
-                with FlopMeter() as meter:
+            if audit is not None:
+                with audit.counting(FlopMeter()) as meter:
                     yield
                 flops[phase] = meter.flops
             else:
@@ -147,7 +149,7 @@ def train_on_rank(
         if last:
             tracker.reset_peaks()
         started = time.perf_counter()
-        with tracker.audit() if last else nullcontext():
+        with audit or nullcontext():
             losses.append(trainer.train_step(step, measure, count_activations=last))
         step_seconds.append(time.perf_counter() - started)
         step_bounds.append((started - origin, step_seconds[-1] + started - origin))
@@ -251,9 +253,7 @@ def run_stage(
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        results: list[RankResult] = cluster.run(
-            train_on_rank, config, stage, steps, functions, on_step, gpus_per_node
-        )
+        results: list[RankResult] = cluster.run(train_on_rank, config, stage, steps, functions, on_step, gpus_per_node)
     finally:
         torch.set_num_threads(threads)
     return build_report(

@@ -21,13 +21,14 @@ stage's word for it:
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
@@ -85,6 +86,11 @@ class MemoryEvent(NamedTuple):
     label: str
     phase: str
     step: int
+
+
+_new_event = functools.partial(tuple.__new__, MemoryEvent)
+"""`MemoryEvent` from a tuple of its fields, without the named tuple's Python-level `__new__`: the same
+object, made once per change of the ledger."""
 
 
 class Leftover(NamedTuple):
@@ -322,11 +328,20 @@ class MemoryTracker:
         self._count(held, 1)
 
     def _count(self, held: HeldStorage, sign: int) -> None:
-        """Add (sign 1) or take away (sign -1) a storage: its bytes under its category, its padding as padding."""
+        """Add (sign 1) or take away (sign -1) a storage: its bytes under its category, its padding as padding.
+
+        An empty storage (a gathered buffer after `resize_(0)`) changes nothing and records no event, so it
+        returns before looking up the rank's labels: a stage frees such buffers dozens of times per step.
+        """
+        padding = held.padding_bytes
+        delta = sign * (held.nbytes - padding)
+        if not delta and not padding:
+            return
         where = self._labels() if self.record_timeline else None
-        self._change(held.category, sign * (held.nbytes - held.padding_bytes), held.label, where)
-        if held.padding_bytes:
-            self._change(PADDING, sign * held.padding_bytes, held.label, where)
+        if delta:
+            self._change(held.category, delta, held.label, where)
+        if padding:
+            self._change(PADDING, sign * padding, held.label, where)
 
     def _labels(self) -> tuple[str, int]:
         """(phase, step) of the event: the rank context's when this is the calling rank's tracker."""
@@ -336,29 +351,21 @@ class MemoryTracker:
         return self.phase, self.step
 
     def _change(self, category: str, delta: int, label: str, where: tuple[str, int] | None) -> None:
-        """Apply one change; `where` (phase, step) labels its timeline event, `None` records none."""
-        if not delta:
-            return
+        """Apply one nonzero change; `where` (phase, step) labels its timeline event, `None` records none."""
         now = self._current[category] = self._current[category] + delta
         if now > self._peak[category]:
             self._peak[category] = now
         if category in HOST_STATES:
             return  # the host's bytes are not the GPU's: out of its total (the timeline records no event)
-        self._total += delta
-        if self._total > self._peak_total:
-            self._peak_total = self._total
+        total = self._total = self._total + delta
+        if total > self._peak_total:
+            self._peak_total = total
         if where is not None:
+            timeline = self.timeline
             phase, step = where
-            self.timeline.append(
-                MemoryEvent(
-                    len(self.timeline),
-                    time.perf_counter() - self._start,
-                    category,
-                    delta,
-                    self._total,
-                    label,
-                    phase,
-                    step,
+            timeline.append(
+                _new_event(
+                    (len(timeline), time.perf_counter() - self._start, category, delta, total, label, phase, step)
                 )
             )
 
@@ -379,25 +386,61 @@ class StorageAudit(TorchDispatchMode):
     (`resize_`). Dispatch modes are thread-local, so each rank thread of the virtual cluster audits only
     its own work; the interconnect's arithmetic runs outside the ranks' modes (`zero_core.cluster`), as
     NCCL's buffers are outside PyTorch's allocator on a real GPU.
+
+    A FLOP meter can ride along (`counting`): one mode that audits and counts sees each operation once,
+    where a second mode stacked on it would take every operation through Python twice.
     """
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        """The audit never runs under torch.compile, so it needs no wrapper that keeps the compiler out of its
+        frames: that wrapper costs microseconds per operation, and importing the compiler for it, seconds."""
+        return False
 
     def __init__(self, tracker: MemoryTracker) -> None:
         super().__init__()
         self.tracker = tracker
+        self.meter: Any = None
+        """What also counts each operation (`counting`): anything with `count(func, args, kwargs, out)`."""
+
+    @contextmanager
+    def counting(self, meter: Any) -> Iterator[Any]:
+        """Hand every operation of the block to `meter.count` too (a `zero_core.flops.FlopMeter`); yields it."""
+        previous, self.meter = self.meter, meter
+        try:
+            yield meter
+        finally:
+            self.meter = previous
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        outputs = out if isinstance(out, tuple | list) else (out,)
-        aliases = _aliasing_returns(func)
-        if len(aliases) == 1:  # one return, perhaps a list: `split` returns a list of views of its input
-            aliases *= len(outputs)
-        for item, alias in zip(outputs, aliases, strict=False):
-            if isinstance(item, torch.Tensor):
-                if alias:
-                    self.tracker.observe_alias(item)
+        aliases = _ALIASING.get(func)
+        if aliases is None:
+            aliases = _aliasing_returns(func)
+        if isinstance(out, torch.Tensor):
+            if aliases:
+                if aliases[0]:
+                    self.tracker.observe_alias(out)
                 else:
-                    self.tracker.observe(item, func.__name__)
+                    self.tracker.observe(out, func.__name__)
+        else:
+            _observe_outputs(self.tracker, func, out, aliases)
+        if self.meter is not None:
+            self.meter.count(func, args, kwargs, out)
         return out
+
+
+def _observe_outputs(tracker: MemoryTracker, func, out, aliases: tuple[bool, ...]) -> None:
+    """`StorageAudit`'s look at the outputs of an operation that returns several, or a list, or none."""
+    outputs = out if isinstance(out, tuple | list) else (out,)
+    if len(aliases) == 1:  # one return, perhaps a list: `split` returns a list of views of its input
+        aliases *= len(outputs)
+    for item, alias in zip(outputs, aliases, strict=False):
+        if isinstance(item, torch.Tensor):
+            if alias:
+                tracker.observe_alias(item)
+            else:
+                tracker.observe(item, func.__name__)
 
 
 _ALIASING: dict[object, tuple[bool, ...]] = {}

@@ -148,27 +148,30 @@ def parameter_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return [(name, module) for name, module in model.named_modules() if isinstance(module, PARAMETER_LAYERS)]
 
 
-_SKELETONS: dict[GPTConfig, GPT] = {}
-_SKELETONS_LOCK = threading.Lock()
+_TEMPLATES: dict[tuple[GPTConfig, int], GPT] = {}
+_TEMPLATES_LOCK = threading.Lock()
 
 
-def _skeleton(config: GPTConfig) -> GPT:
-    """One model per configuration, built once per process, that `build_model` copies and re-initialises.
+def _template(config: GPTConfig, seed: int = 0) -> GPT:
+    """The initialised model of (`config`, `seed`), built once per process; `build_model` hands out copies.
 
     nn.Module constructors initialise their weights from torch's global RNG; `fork_rng` puts it back as it
     was, and the lock keeps rank threads from building (and forking the RNG) at the same time. Building on
     the "meta" device would avoid the RNG but imports torch's compiler stack, seconds on these machines.
+    It is built outside the calling rank's dispatch modes: a rank's memory audit sees the rank's own copy
+    being made, not the template. Each rank copies the drawn values rather than drawing them again, the
+    cheaper of the two on hundreds of virtual GPUs.
     """
-    with _SKELETONS_LOCK:
-        if config not in _SKELETONS:
+    with _TEMPLATES_LOCK:
+        if (config, seed) not in _TEMPLATES:
             with torch.random.fork_rng(devices=[]), _disable_current_modes():
-                _SKELETONS[config] = GPT(config)
-        return _SKELETONS[config]
+                _TEMPLATES[config, seed] = _initialise(GPT(config), config, seed)
+        return _TEMPLATES[config, seed]
 
 
-def build_model(config: GPTConfig, seed: int = 0) -> GPT:
-    """A GPT in fp32 with GPT-2 initialisation drawn from its own generator (same on every rank)."""
-    model = copy.deepcopy(_skeleton(config))
+def _initialise(model: GPT, config: GPTConfig, seed: int) -> GPT:
+    """GPT-2 initialisation, drawn from a generator of its own: N(0, init_std) weights, zero biases, unit
+    LayerNorm gains. Every parameter is overwritten, so the constructor's draws leave no trace."""
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for _, module in parameter_layers(model):
@@ -182,9 +185,17 @@ def build_model(config: GPTConfig, seed: int = 0) -> GPT:
     return model
 
 
+def build_model(config: GPTConfig, seed: int = 0) -> GPT:
+    """A GPT in fp32 with GPT-2 initialisation drawn from its own generator (same on every rank).
+
+    A copy of the process's template for (`config`, `seed`): parameters of its own, with the template's
+    values bit for bit."""
+    return copy.deepcopy(_template(config, seed))
+
+
 def count_parameters(config: GPTConfig) -> int:
     """Ψ, the number of parameters."""
-    return sum(p.numel() for p in _skeleton(config).parameters())
+    return sum(p.numel() for p in _template(config).parameters())
 
 
 def micro_batch(config: GPTConfig, rank: int, step: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
