@@ -357,8 +357,8 @@ def tear_down(rank: int, bound_s: float = TEARDOWN_S) -> None:
     """Destroy the process group, waiting at most `bound_s` seconds for it.
 
     Every rank reaches this after the closing barrier, with all output written, yet
-    `destroy_process_group` is known to hang now and then (pytorch/pytorch#75097), and a four-process
-    gloo run on torch 2.6 was once seen to outlast its test's 110 s limit with nothing left to do. A
+    `destroy_process_group` is known to hang now and then (pytorch/pytorch#75097); a four-process gloo
+    run on torch 2.6 once outlasted its test's 110 s limit on a CI machine, where it was not seen why. A
     teardown that stalls must not turn a finished run into a hung one: after `bound_s` the rank says
     so on stderr and leaves anyway (`leave` ends the process without waiting on torch's threads).
     """
