@@ -37,7 +37,7 @@ from autograder.harness import (
 )
 from autograder.integrity import answer_modules, require_own_code
 from autograder.records import Run, run_from_data, run_to_data
-from autograder.stage_checks import MAX_FAILURE_CHARS, StageExercise
+from autograder.stage_checks import StageExercise, observed_entries, observed_runs
 from autograder.verdicts import check_nothing_left_behind, check_own_collectives, check_released
 from zero_core import comm, memory
 from zero_core.context import current
@@ -251,29 +251,19 @@ class LinkedStageExercise(StageExercise):
     def observe(self, *objects: Any, world_sizes: list[int], config: TrainConfig = CONFIG) -> dict[str, Any]:
         require_own_code(dict(zip(self.names, objects, strict=True)), self.names, self.forbidden, self.exercise)
         stage, _ = self.build(*objects)
-        runs: dict[str, dict[str, Any]] = {}
-        for n in world_sizes:
-            make = lambda n=n: train_linked(stage, n, config)  # noqa: E731
+
+        def entry(n: int) -> dict[str, Any]:
+            make = lambda: train_linked(stage, n, config)  # noqa: E731
             key = (self.exercise, objects, n, config.precision)
-            try:
-                run, links = run_once(key, objects, make, f"your code on {n} ranks ({gpus_per_node(n)} per node)")
-                runs[str(n)] = {"run": run_to_data(run), "links": links_to_data(links)}
-            except CheckFailed as failure:
-                runs[str(n)] = {"failure": str(failure)}
-        return {"runs": runs}
+            run, links = run_once(key, objects, make, f"your code on {n} ranks ({gpus_per_node(n)} per node)")
+            return {"run": run_to_data(run), "links": links_to_data(links)}
+
+        return observed_runs(world_sizes, entry)
 
     def linked_runs(self, observation: Any, world_sizes: list[int], config: TrainConfig = CONFIG) -> Any:
         """(label, (run, links), (reference, its links)) per world size, validated; CheckFailed for a failed run."""
-        runs = observation.get("runs") if isinstance(observation, dict) else None
-        if not isinstance(runs, dict) or set(runs) != {str(n) for n in world_sizes}:
-            raise ObservationInvalid("the grading process returned malformed data (not one run per N): no points")
         reference_stage = graded_stage(self.reference_stage, self.exercise)
-        for n in world_sizes:
-            entry = runs[str(n)]
-            if isinstance(entry, dict) and isinstance(entry.get("failure"), str):
-                raise CheckFailed(entry["failure"][:MAX_FAILURE_CHARS])
-            if not isinstance(entry, dict) or set(entry) != {"run", "links"}:
-                raise ObservationInvalid(f"the grading process returned malformed data (run on {n} ranks): no points")
+        for n, entry in observed_entries(observation, world_sizes, {"run", "links"}):
             run = run_from_data(entry["run"], n, STEPS, layer_partitions(n))
             links = links_from_data(entry["links"], run)
             check_own_collectives(run, self.reference_tags(), self.exercise)

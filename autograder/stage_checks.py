@@ -73,15 +73,13 @@ class StageExercise:
         """{"runs": {N: {"run": data} or {"failure": why the run did not finish}}}."""
         require_own_code(dict(zip(self.names, objects, strict=True)), self.names, self.forbidden, self.exercise)
         stage, functions = self.build(*objects)
-        runs: dict[str, dict[str, Any]] = {}
-        for n in world_sizes:
-            make = lambda n=n: train(stage, n, functions, config=config)  # noqa: E731
+
+        def entry(n: int) -> dict[str, Any]:
+            make = lambda: train(stage, n, functions, config=config)  # noqa: E731
             key = (self.exercise, objects, n, config.precision)
-            try:
-                runs[str(n)] = {"run": run_to_data(run_once(key, objects, make, _yours(n)))}
-            except CheckFailed as failure:
-                runs[str(n)] = {"failure": str(failure)}
-        return {"runs": runs}
+            return {"run": run_to_data(run_once(key, objects, make, _yours(n)))}
+
+        return observed_runs(world_sizes, entry)
 
     def observe_training(self, *objects: Any, world_sizes: list[int]) -> dict[str, Any]:
         """The runs of the training check: fp32 (`TRAINING_CONFIG`), to be judged against the oracle."""
@@ -93,16 +91,8 @@ class StageExercise:
         self, observation: Any, world_sizes: list[int], config: TrainConfig = CONFIG
     ) -> Iterator[tuple[str, Run, Run]]:
         """(label, student run, reference run) per world size; raises CheckFailed for a run that failed."""
-        runs = observation.get("runs") if isinstance(observation, dict) else None
-        if not isinstance(runs, dict) or set(runs) != {str(n) for n in world_sizes}:
-            raise ObservationInvalid("the grading process returned malformed data (not one run per N): no points")
         reference_stage = graded_stage(self.reference_stage, self.exercise)
-        for n in world_sizes:
-            entry = runs[str(n)]
-            if isinstance(entry, dict) and isinstance(entry.get("failure"), str):
-                raise CheckFailed(entry["failure"][:MAX_FAILURE_CHARS])
-            if not isinstance(entry, dict) or set(entry) != {"run"}:
-                raise ObservationInvalid(f"the grading process returned malformed data (run on {n} ranks): no points")
+        for n, entry in observed_entries(observation, world_sizes, {"run"}):
             run = run_from_data(entry["run"], n, STEPS, layer_partitions(n))
             check_own_collectives(run, self.reference_tags(), self.exercise)
             make = lambda n=n: train(reference_stage, n, config=config)  # noqa: E731
@@ -206,6 +196,32 @@ def oracle_run(world_size: int) -> tuple[list[float], dict[str, Any], dict[tuple
 
 MAX_FAILURE_CHARS = 4000
 """A failed run's message, as the child wrote it: shown to the student, truncated."""
+
+
+def observed_runs(world_sizes: list[int], entry: Callable[[int], dict[str, Any]]) -> dict[str, Any]:
+    """{"runs": {N: entry(N), or {"failure": why} where it raised CheckFailed}}: what the student's process sends."""
+    runs: dict[str, dict[str, Any]] = {}
+    for n in world_sizes:
+        try:
+            runs[str(n)] = entry(n)
+        except CheckFailed as failure:
+            runs[str(n)] = {"failure": str(failure)}
+    return {"runs": runs}
+
+
+def observed_entries(observation: Any, world_sizes: list[int], keys: set[str]) -> Iterator[tuple[int, dict]]:
+    """(N, its entry) of an `observed_runs` observation, in order, each holding exactly `keys`; a run that failed
+    raises CheckFailed with its message when reached, anything else malformed ObservationInvalid."""
+    runs = observation.get("runs") if isinstance(observation, dict) else None
+    if not isinstance(runs, dict) or set(runs) != {str(n) for n in world_sizes}:
+        raise ObservationInvalid("the grading process returned malformed data (not one run per N): no points")
+    for n in world_sizes:
+        entry = runs[str(n)]
+        if isinstance(entry, dict) and isinstance(entry.get("failure"), str):
+            raise CheckFailed(entry["failure"][:MAX_FAILURE_CHARS])
+        if not isinstance(entry, dict) or set(entry) != keys:
+            raise ObservationInvalid(f"the grading process returned malformed data (run on {n} ranks): no points")
+        yield n, entry
 
 
 def _yours(n: int) -> str:
