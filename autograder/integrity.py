@@ -53,7 +53,7 @@ def answer_modules(scaffolding: tuple[str, ...] = ()) -> tuple[str, ...]:
     return tuple(module for module in REFERENCE_CODE if module not in scaffolding)
 
 
-SHARD_REFERENCE_METHODS = ("reduce_scatter_gradients", "gather_parameters", "release_parameters")
+SHARD_REFERENCE_METHODS = ("reduce_scatter_gradients", "gather_parameters", "release_parameters", "allocate_gathered")
 
 
 class ReferenceUsed(RuntimeError):

@@ -62,13 +62,7 @@ class SecondaryShard(LayerShard):
                 label=f"{self.name} secondary",
             )
             return views
-        storage = self.node_gathered.untyped_storage()
-        if storage.nbytes():
-            raise RuntimeError(f"{self.name}: parameters gathered twice; release them before gathering again")
-        storage.resize_(self.node_gathered_bytes)
-        self.tracker.register(
-            self.node_gathered, memory.GATHER, padding_elements=self.node_partition.padding, label=self.name
-        )
+        self.allocate_gathered(self.node_gathered, self.node_gathered_bytes, self.node_partition.padding)
         dist.all_gather_single(self.node_gathered, self.secondary, group=self.node_group, tag=f"{self.param_tag} node")
         self.from_node = True
         return self.node_gathered_views

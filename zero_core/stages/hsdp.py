@@ -106,11 +106,7 @@ class NodeShard(LayerShard):
     shard_group: dist.ProcessGroup
 
     def gather_parameters(self) -> list[torch.Tensor]:
-        storage = self.gathered.untyped_storage()
-        if storage.nbytes():
-            raise RuntimeError(f"{self.name}: parameters gathered twice; release them before gathering again")
-        storage.resize_(self.gathered_bytes)
-        self.tracker.register(self.gathered, memory.GATHER, padding_elements=self.partition.padding, label=self.name)
+        self.allocate_gathered(self.gathered, self.gathered_bytes, self.partition.padding)
         dist.all_gather_single(self.gathered, self.param, group=self.shard_group, tag=self.param_tag)
         return self.gathered_views
 

@@ -71,11 +71,7 @@ class QuantizedGatherShard(LayerShard):
     """A rank's ZeRO-3 shard of a layer whose gathers go through `quantized_all_gather`."""
 
     def gather_parameters(self) -> list[torch.Tensor]:
-        storage = self.gathered.untyped_storage()
-        if storage.nbytes():
-            raise RuntimeError(f"{self.name}: parameters gathered twice; release them before gathering again")
-        storage.resize_(self.gathered_bytes)
-        self.tracker.register(self.gathered, memory.GATHER, padding_elements=self.partition.padding, label=self.name)
+        self.allocate_gathered(self.gathered, self.gathered_bytes, self.partition.padding)
         quantized_all_gather(
             self.gathered,
             self.param,

@@ -107,13 +107,18 @@ class LayerShard:
 
     def gather_parameters(self) -> list[torch.Tensor]:
         """All-gather the full parameters (ZeRO-3); returns the weight (and bias) until `release_parameters`."""
-        storage = self.gathered.untyped_storage()
-        if storage.nbytes():
-            raise RuntimeError(f"{self.name}: parameters gathered twice; release them before gathering again")
-        storage.resize_(self.gathered_bytes)
-        self.tracker.register(self.gathered, memory.GATHER, padding_elements=self.partition.padding, label=self.name)
+        self.allocate_gathered(self.gathered, self.gathered_bytes, self.partition.padding)
         dist.all_gather_single(self.gathered, self.param, tag=self.param_tag)
         return self.gathered_views
+
+    def allocate_gathered(self, buffer: torch.Tensor, nbytes: int, padding: int) -> None:
+        """Give a gather's `buffer` its `nbytes` back (`release_parameters` took them) and register them as
+        gathered parameters, `padding` elements of them padding. Still allocated: gathered twice, an error."""
+        storage = buffer.untyped_storage()
+        if storage.nbytes():
+            raise RuntimeError(f"{self.name}: parameters gathered twice; release them before gathering again")
+        storage.resize_(nbytes)
+        self.tracker.register(buffer, memory.GATHER, padding_elements=padding, label=self.name)
 
     def release_parameters(self) -> None:
         """Forget the gathered parameters and free their memory: from here on only the shard exists."""

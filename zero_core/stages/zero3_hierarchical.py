@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 import torch
 import torch.nn as nn
 
-from zero_core import dist, memory
+from zero_core import dist
 from zero_core.context import current
 from zero_core.stages.base import TrainConfig, named_object
 from zero_core.stages.hsdp import this_ranks_groups
@@ -59,11 +59,7 @@ class HierarchicalShard(LayerShard):
     cross_group: dist.ProcessGroup
 
     def gather_parameters(self) -> list[torch.Tensor]:
-        storage = self.gathered.untyped_storage()
-        if storage.nbytes():
-            raise RuntimeError(f"{self.name}: parameters gathered twice; release them before gathering again")
-        storage.resize_(self.gathered_bytes)
-        self.tracker.register(self.gathered, memory.GATHER, padding_elements=self.partition.padding, label=self.name)
+        self.allocate_gathered(self.gathered, self.gathered_bytes, self.partition.padding)
         calls = current().extra.get(GATHER_CALLS)
         before, first_event = self.tracker.current_bytes(), len(self.tracker.timeline)
         self.all_gather(self.gathered, self.param, self.node_group, self.cross_group)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from zero_core import dist, memory
+from zero_core import dist
 from zero_core.configurations import INT4_BYTES, INT8_BYTES, QUANT_BLOCK_ELEMENTS
 from zero_core.stages.base import TrainConfig
 from zero_core.stages.hpz import HpzZero3, SecondaryShard
@@ -40,13 +40,7 @@ class QuantizedSecondaryShard(SecondaryShard, QuantizedGatherShard):
     def gather_parameters(self) -> list[torch.Tensor]:
         if self.secondary is None:
             return super().gather_parameters()  # hpZ's forward, through QuantizedGatherShard's gather
-        storage = self.node_gathered.untyped_storage()
-        if storage.nbytes():
-            raise RuntimeError(f"{self.name}: parameters gathered twice; release them before gathering again")
-        storage.resize_(self.node_gathered_bytes)
-        self.tracker.register(
-            self.node_gathered, memory.GATHER, padding_elements=self.node_partition.padding, label=self.name
-        )
+        self.allocate_gathered(self.node_gathered, self.node_gathered_bytes, self.node_partition.padding)
         quantized_all_gather(
             self.node_gathered,
             self.secondary,
