@@ -22,8 +22,9 @@ after its own floors, and the pair is repeated `--repeats` times at N <= 32 (onc
 takes seconds); the stage's ratio is the median of its pairs' ratios. A floor is the median of its steps
 after the first; a stage's step is the cluster's wall time per step over the steps between its first and last
 (`StageReport.typical_step_seconds`). `--compare-world-size N` also times `python -m zero_core compare
---world-size N --steps 3` (target: within 4x its floor, the C-core floor steps of the four stages it trains,
-measured right before it).
+--world-size N --steps 3` as a user runs it, stages side by side in worker processes from N = 32 on (target:
+within 4x its floor, the C-core floor steps of the four stages it trains, measured right before it), and
+the peak of its processes' RSS together.
 
     python benchmarks/bench_step.py [--world-sizes 8,32,128,256] [--steps 5] [--repeats 3] [--preset tiny]
                                     [--stages 0,1,2,3] [--compare-world-size 256]
@@ -45,6 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
 import torch
 
 from zero_core.experiment import StageReport, run_stage
@@ -52,6 +54,7 @@ from zero_core.memory import MemoryTracker
 from zero_core.model import build_model, loss_fn, micro_batch, preset
 from zero_core.optim import AdamShard, precision_dtype
 from zero_core.partition import flatten
+from zero_core.stage_pool import default_jobs
 from zero_core.stages import TrainConfig
 
 TARGET_PARALLEL_RATIO = 1.3
@@ -288,12 +291,25 @@ def time_compare(world_size: int, config_preset: str, parallel_floor_seconds: fl
     ]
     started = time.perf_counter()
     child = subprocess.Popen(command, stdout=subprocess.DEVNULL)
-    _, status, usage = os.wait4(child.pid, 0)
-    child.returncode = os.waitstatus_to_exitcode(status)
+    peak = _peak_tree_rss_until_exit(child)
     seconds = time.perf_counter() - started
     if child.returncode:
         raise SystemExit(f"{' '.join(command)} failed with exit code {child.returncode}")
-    return seconds, parallel_floor_seconds, usage.ru_maxrss * 1024
+    return seconds, parallel_floor_seconds, peak
+
+
+def _peak_tree_rss_until_exit(child: subprocess.Popen, every_s: float = 0.1) -> int:
+    """The highest RSS of `child` and its worker processes together, sampled until it exits (compare trains
+    stages side by side in workers, and the kernel's high-water marks are per process, not per tree)."""
+    parent, peak = psutil.Process(child.pid), 0
+    while child.poll() is None:
+        try:
+            rss = sum(p.memory_info().rss for p in (parent, *parent.children(recursive=True)))
+        except psutil.Error:  # a worker exited between listing it and reading it
+            continue
+        peak = max(peak, rss)
+        time.sleep(every_s)
+    return peak
 
 
 def main() -> None:
@@ -362,10 +378,11 @@ def main() -> None:
     if compare is not None:
         seconds, floor_seconds, rss = compare
         ratio = seconds / floor_seconds
+        jobs = default_jobs(len(COMPARE_STAGES), args.compare_world_size)
         print(
-            f"  compare --world-size {args.compare_world_size} --steps {COMPARE_STEPS}: {seconds:.1f} s, floor "
-            f"{floor_seconds:.1f} s ({ratio:.2f}x, target <= {TARGET_COMPARE_RATIO}x: "
-            f"{_verdict(ratio <= TARGET_COMPARE_RATIO)}), peak RSS {rss / 1e6:.0f} MB"
+            f"  compare --world-size {args.compare_world_size} --steps {COMPARE_STEPS} ({jobs} stage(s) at a time): "
+            f"{seconds:.1f} s, floor {floor_seconds:.1f} s ({ratio:.2f}x, target <= {TARGET_COMPARE_RATIO}x: "
+            f"{_verdict(ratio <= TARGET_COMPARE_RATIO)}), peak RSS {rss / 1e6:.0f} MB (its processes together)"
         )
 
 

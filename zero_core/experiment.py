@@ -351,8 +351,14 @@ def compare_stages(
     config: TrainConfig | None = None,
     on_step: Callable[[int], None] | None = None,
     gpus_per_node: int | None = None,
+    jobs: int = 1,
 ) -> list[StageReport]:
-    """Run several stages with the same configuration, one after another."""
+    """Run several stages with the same configuration: one after another in this process, or `jobs` at a
+    time in worker processes, each on its own share of the cores (`zero_core.stage_pool`)."""
+    if jobs > 1 and len(stages) > 1:
+        from zero_core.stage_pool import train_in_workers  # it imports this module
+
+        return train_in_workers(stages, world_size, steps, config or TrainConfig(), jobs, on_step, gpus_per_node)
     return [
         run_stage(stage, world_size, steps, config, on_step=on_step, gpus_per_node=gpus_per_node) for stage in stages
     ]

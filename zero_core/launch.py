@@ -45,7 +45,7 @@ from zero_core.cluster import MAX_WORLD_SIZE
 from zero_core.comm import CommLedger
 from zero_core.context import activate
 from zero_core.experiment import StageReport, build_report, equivalence, run_stage, train_on_rank
-from zero_core.memory import Leftover, MemoryEvent, MemoryTracker
+from zero_core.memory import TrackerSnapshot
 from zero_core.model import PRESETS, count_parameters, preset
 from zero_core.stages import TrainConfig
 from zero_core.stages.base import ZERO1_GRAD_SYNCS
@@ -139,35 +139,6 @@ def check(args: argparse.Namespace, env: TorchrunEnv) -> list[int]:
         if path and not Path(path).resolve().parent.is_dir():
             raise UsageError(f"{option}: folder {Path(path).resolve().parent} does not exist")
     return parse_stages(args.stages)
-
-
-@dataclass
-class TrackerSnapshot:
-    """The read side of a rank's `MemoryTracker` as plain data, so that it can travel to rank 0 pickled."""
-
-    rank: int
-    peak_total: int
-    peaks: dict[str, int]
-    current: dict[str, int]
-    timeline: list[MemoryEvent]
-    leftovers: list[Leftover]
-
-    @classmethod
-    def of(cls, tracker: MemoryTracker) -> TrackerSnapshot:
-        return cls(
-            tracker.rank,
-            tracker.peak_bytes(),
-            tracker.peak_by_category(),
-            tracker.current_by_category(),
-            list(tracker.timeline),
-            list(tracker.leftovers),
-        )
-
-    def peak_bytes(self, category: str | None = None) -> int:
-        return self.peak_total if category is None else self.peaks[category]
-
-    def current_bytes(self, category: str | None = None) -> int:
-        return sum(self.current.values()) if category is None else self.current[category]
 
 
 def train_stage(

@@ -370,6 +370,36 @@ class MemoryTracker:
             )
 
 
+@dataclass
+class TrackerSnapshot:
+    """The read side of a rank's `MemoryTracker` as plain data, so that it can travel pickled: to rank 0 under
+    torchrun (`zero_core.launch`), or from a worker process to `compare` (`zero_core.stage_pool`)."""
+
+    rank: int
+    peak_total: int
+    peaks: dict[str, int]
+    current: dict[str, int]
+    timeline: list[MemoryEvent]
+    leftovers: list[Leftover]
+
+    @classmethod
+    def of(cls, tracker: MemoryTracker) -> TrackerSnapshot:
+        return cls(
+            tracker.rank,
+            tracker.peak_bytes(),
+            tracker.peak_by_category(),
+            tracker.current_by_category(),
+            list(tracker.timeline),
+            list(tracker.leftovers),
+        )
+
+    def peak_bytes(self, category: str | None = None) -> int:
+        return self.peak_total if category is None else self.peaks[category]
+
+    def current_bytes(self, category: str | None = None) -> int:
+        return sum(self.current.values()) if category is None else self.current[category]
+
+
 @contextmanager
 def unaudited() -> Iterator[None]:
     """Run the block outside the calling thread's audit (and its other dispatch modes): for an observer's

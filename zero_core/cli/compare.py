@@ -28,6 +28,7 @@ from zero_core.cli.render import mb, table
 from zero_core.cluster import MAX_WORLD_SIZE
 from zero_core.experiment import Equivalence, StageReport, compare_stages, equivalence
 from zero_core.model import PRESETS, count_parameters, preset
+from zero_core.stage_pool import SMALLEST_WORLD_FOR_WORKERS, core_shares, default_jobs
 from zero_core.stages import NAMED_STAGE_NAMES, TrainConfig, stage_class
 from zero_core.stages.base import OVERFLOW_TAG, ZERO1_GRAD_SYNCS
 from zero_core.time_model import MACHINES
@@ -60,6 +61,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_topology_arguments(p, "--world-size")
     predicted.add_arguments(p)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--jobs",
+        type=int,
+        help="how many stages train at once, each in a process of its own on its share of the cores "
+        f"(default: one per core, at most one per stage, from --world-size {SMALLEST_WORLD_FOR_WORKERS} on; "
+        "1: one after another in this process)",
+    )
     p.add_argument("--json", metavar="PATH", help="also write every measurement as JSON (schema in README)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--plots", metavar="DIR", help="also write the figures as PNGs into DIR (created if missing)")
@@ -145,6 +153,8 @@ def check(args: argparse.Namespace) -> list[int | str]:
     if args.preset not in PRESETS:
         raise UsageError(f"unknown --preset {args.preset!r}; choose one of {', '.join(PRESETS)}")
     predicted.check(args)
+    if args.jobs is not None and args.jobs < 1:
+        raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
     if args.json:
         folder = Path(args.json).resolve().parent
         if not folder.is_dir():
@@ -166,6 +176,13 @@ def run(args: argparse.Namespace) -> int:
         f"ZeRO on {args.world_size} virtual GPUs: {args.preset} GPT, Ψ = {psi:,} parameters, {args.precision}, "
         f"{args.steps} step(s), micro-batch {model.micro_batch_size}x{model.block_size} per GPU"
     )
+    jobs = args.jobs = min(len(stages), args.jobs or default_jobs(len(stages), args.world_size))
+    if jobs > 1:
+        shares = core_shares(jobs)
+        print(
+            f"Training {len(stages)} stages {len(shares)} at a time, each in its own process on {_cores(shares)} "
+            f"of this machine's {sum(map(len, shares))} (--jobs; a stage's times are on its cores alone)"
+        )
     with tqdm(
         total=len(stages) * args.steps,
         desc="training",
@@ -175,7 +192,7 @@ def run(args: argparse.Namespace) -> int:
         leave=False,
     ) as bar:
         reports = compare_stages(
-            stages, args.world_size, args.steps, config, lambda step: bar.update(), topology.gpus_per_node
+            stages, args.world_size, args.steps, config, lambda step: bar.update(), topology.gpus_per_node, jobs=jobs
         )
     reference = next((r for r in reports if r.stage == 0), reports[0])
     if any(isinstance(s, str) for s in stages):
@@ -208,6 +225,12 @@ def run(args: argparse.Namespace) -> int:
     if args.trace:
         print(f"\nwrote {write_trace(reports, args.trace)} (the last step; open it in https://ui.perfetto.dev)")
     return 0
+
+
+def _cores(shares: list[list[int]]) -> str:
+    sizes = sorted({len(share) for share in shares})
+    count = " or ".join(map(str, sizes))
+    return f"{count} core{'' if sizes == [1] else 's'}"
 
 
 def render(
@@ -430,6 +453,7 @@ def write_json(
         "gpus_per_node": topology.gpus_per_node,
         "nodes": topology.nodes,
         "collectives": algorithm,
+        "jobs": getattr(args, "jobs", None) or 1,
         "stages": [{**r.to_dict(), **link_summary(r, topology, algorithm)} for r in reports],
         "equivalence": [
             {

@@ -1,0 +1,98 @@
+"""Stages trained side by side in worker processes (`zero_core.stage_pool`, `compare --jobs`): the same
+training, ledger and memory as in one process, and a clear error when a worker's stage fails or the worker
+dies."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+
+import psutil
+import pytest
+import torch
+
+from zero_core.cli import main
+from zero_core.experiment import compare_stages
+from zero_core.memory import TrackerSnapshot
+from zero_core.model import preset
+from zero_core.stage_pool import SMALLEST_WORLD_FOR_WORKERS, WorkerFailed, core_shares, default_jobs, machine_cores
+from zero_core.stages import TrainConfig
+
+CONFIG = TrainConfig(model=preset("micro"))
+STAGES: list[int | str] = [0, 3, "hpz"]
+STEPS = 2
+
+
+def _untimed(entries: list) -> list[tuple]:
+    """Ledger entries or timeline events without their clock fields, which no two runs share."""
+    clocks = {"seconds", "started_s", "wait_started_s", "waited_s", "time_s"}
+    return [tuple(v for k, v in entry._asdict().items() if k not in clocks) for entry in entries]
+
+
+def test_workers_train_and_measure_exactly_what_one_process_does() -> None:
+    alone = compare_stages(STAGES, 4, STEPS, CONFIG, gpus_per_node=2)
+    steps: list[int] = []
+    pooled = compare_stages(STAGES, 4, STEPS, CONFIG, gpus_per_node=2, jobs=2, on_step=steps.append)
+
+    assert sorted(steps) == sorted(list(range(STEPS)) * len(STAGES)), "every stage's steps reach on_step here"
+    assert [r.stage for r in pooled] == STAGES
+    for one, other in zip(alone, pooled, strict=True):
+        assert one.losses == other.losses
+        assert one.master_weights.keys() == other.master_weights.keys()
+        for name, weights in one.master_weights.items():
+            assert torch.equal(weights, other.master_weights[name]), name
+        for rank in range(4):
+            assert _untimed(one.ledger.ranks[rank].entries) == _untimed(other.ledger.ranks[rank].entries)
+            assert isinstance(other.trackers[rank], TrackerSnapshot)
+            assert _untimed(one.trackers[rank].timeline) == _untimed(other.trackers[rank].timeline)
+            assert one.trackers[rank].leftovers == other.trackers[rank].leftovers
+        assert one.peak_bytes_by_category_max == other.peak_bytes_by_category_max
+        assert one.model_state_bytes_by_category_max == other.model_state_bytes_by_category_max
+        assert one.untracked_bytes_max == other.untracked_bytes_max == 0
+        assert one.flops_per_step_mean == other.flops_per_step_mean
+
+
+def test_a_stage_that_raises_in_a_worker_names_the_stage_and_the_error() -> None:
+    too_small = TrainConfig(model=dataclasses.replace(preset("micro"), vocab_size=10))
+    with pytest.raises(WorkerFailed, match=r"ZeRO-\d failed in its worker process: .*vocab_size 10 is smaller"):
+        compare_stages([0, 3], 2, 1, too_small, jobs=2)
+
+
+def test_a_worker_killed_mid_stage_is_reported_and_the_others_are_stopped() -> None:
+    """SIGKILL, as the kernel's out-of-memory killer sends it: the worker cannot say anything itself."""
+    workers: list[psutil.Process] = []
+
+    def kill_one_worker(step: int) -> None:
+        if not workers:
+            children = psutil.Process().children()  # the workers, and multiprocessing's resource tracker
+            workers.extend(child for child in children if "spawn_main" in " ".join(child.cmdline()))
+            os.kill(workers[0].pid, signal.SIGKILL)
+
+    with pytest.raises(WorkerFailed, match=r"was killed by signal 9 while training .*out of memory\?"):
+        compare_stages([0, 3], 4, 40, CONFIG, jobs=2, on_step=kill_one_worker)
+    assert len(workers) == 2
+    assert not any(worker.is_running() and worker.status() != psutil.STATUS_ZOMBIE for worker in workers)
+
+
+def test_jobs_default_to_one_per_core_from_the_smallest_world_that_repays_a_worker() -> None:
+    cores = len(machine_cores())
+    assert default_jobs(4, SMALLEST_WORLD_FOR_WORKERS - 1) == 1
+    assert default_jobs(4, SMALLEST_WORLD_FOR_WORKERS) == min(4, cores)
+    assert default_jobs(1, 256) == 1
+    shares = core_shares(cores + 3)
+    assert len(shares) == cores and sorted(c for share in shares for c in share) == machine_cores()
+
+
+def test_compare_jobs_says_how_stages_ran_and_records_it(tmp_path, capsys) -> None:
+    out = tmp_path / "compare.json"
+    argv = ["compare", "--world-size", "2", "--steps", "1", "--stages", "0,2", "--preset", "micro"]
+    assert main([*argv, "--no-progress", "--jobs", "2", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "Training 2 stages 2 at a time, each in its own process" in text
+    data = json.loads(out.read_text())
+    assert data["jobs"] == 2 and all(e["bit_identical"] for e in data["equivalence"])
+
+    assert main([*argv, "--jobs", "0"]) == 2
+    assert "--jobs must be at least 1, got 0" in capsys.readouterr().err
