@@ -110,6 +110,17 @@ def test_every_model_built_has_parameters_of_its_own() -> None:
         assert torch.equal(fresh, untouched)
 
 
+def test_every_model_built_is_a_whole_module_of_its_own() -> None:
+    """A hook on one rank's model or a module swapped into it (as ZeRO-2/3 swap in their layers) stays there."""
+    first, second = build_model(MICRO), build_model(MICRO)
+    first.lm_head.register_forward_hook(lambda *_: None)
+    first.blocks[0].mlp.fc = torch.nn.Identity()
+    assert not second.lm_head._forward_hooks and isinstance(second.blocks[0].mlp.fc, torch.nn.Linear)
+    names = [name for name, _ in build_model(MICRO).named_parameters()]
+    assert [name for name, _ in second.named_parameters()] == names
+    assert second.training and all(p.requires_grad for p in second.parameters())
+
+
 def test_a_rank_s_audit_counts_the_model_it_builds_and_nothing_else() -> None:
     config = GPTConfig(vocab_size=64, block_size=8, n_layer=1, n_head=2, n_embd=16, micro_batch_size=1)
     tracker = MemoryTracker()

