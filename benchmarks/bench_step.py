@@ -24,7 +24,7 @@ after the first; a stage's step is the cluster's wall time per step over the ste
 (`StageReport.typical_step_seconds`). `--compare-world-size N` also times `python -m zero_core compare
 --world-size N --steps 3` as a user runs it, stages side by side in worker processes from N = 32 on (target:
 within 4x its floor, the C-core floor steps of the four stages it trains, measured right before it), and
-the peak of its processes' RSS together.
+the peak of its processes' RSS together; then again with `--jobs 1`, all four stages in one process.
 
     python benchmarks/bench_step.py [--world-sizes 8,32,128,256] [--steps 5] [--repeats 3] [--preset tiny]
                                     [--stages 0,1,2,3] [--compare-world-size 256]
@@ -274,8 +274,8 @@ def sweep_world_size(
     return results
 
 
-def time_compare(world_size: int, config_preset: str, parallel_floor_seconds: float) -> tuple[float, float, int]:
-    """Wall seconds and peak RSS of `python -m zero_core compare --world-size N --steps 3`, and its floor."""
+def time_compare(world_size: int, config_preset: str, *jobs_option: str) -> tuple[float, int]:
+    """Wall seconds and peak RSS of `python -m zero_core compare --world-size N --steps 3 [--jobs J]`."""
     command = [
         sys.executable,
         "-m",
@@ -288,6 +288,7 @@ def time_compare(world_size: int, config_preset: str, parallel_floor_seconds: fl
         "--preset",
         config_preset,
         "--no-progress",
+        *jobs_option,
     ]
     started = time.perf_counter()
     child = subprocess.Popen(command, stdout=subprocess.DEVNULL)
@@ -295,7 +296,7 @@ def time_compare(world_size: int, config_preset: str, parallel_floor_seconds: fl
     seconds = time.perf_counter() - started
     if child.returncode:
         raise SystemExit(f"{' '.join(command)} failed with exit code {child.returncode}")
-    return seconds, parallel_floor_seconds, peak
+    return seconds, peak
 
 
 def _peak_tree_rss_until_exit(child: subprocess.Popen, every_s: float = 0.1) -> int:
@@ -351,7 +352,11 @@ def main() -> None:
         if args.compare_world_size:
             n = args.compare_world_size
             floor_steps = [floors.measure(config, n, BIG_STEPS, stage, cores).seconds for stage in COMPARE_STAGES]
-            compare = time_compare(n, args.preset, COMPARE_STEPS * sum(floor_steps))
+            compare = (
+                COMPARE_STEPS * sum(floor_steps),
+                time_compare(n, args.preset),
+                time_compare(n, args.preset, "--jobs", "1"),
+            )
     finally:
         floors.close()
 
@@ -376,13 +381,14 @@ def main() -> None:
             rest = max(r["rss"] - r["rank_peaks"] for r in results.values())
             print(f"  N = {n}: peak RSS beyond the sum of the ranks' peaks: at most {rest / 1e6:.0f} MB (a stage)")
     if compare is not None:
-        seconds, floor_seconds, rss = compare
+        floor_seconds, (seconds, rss), (seconds_alone, rss_alone) = compare
         ratio = seconds / floor_seconds
         jobs = default_jobs(len(COMPARE_STAGES), args.compare_world_size)
         print(
             f"  compare --world-size {args.compare_world_size} --steps {COMPARE_STEPS} ({jobs} stage(s) at a time): "
             f"{seconds:.1f} s, floor {floor_seconds:.1f} s ({ratio:.2f}x, target <= {TARGET_COMPARE_RATIO}x: "
-            f"{_verdict(ratio <= TARGET_COMPARE_RATIO)}), peak RSS {rss / 1e6:.0f} MB (its processes together)"
+            f"{_verdict(ratio <= TARGET_COMPARE_RATIO)}), peak RSS {rss / 1e6:.0f} MB (its processes together); "
+            f"with --jobs 1 {seconds_alone:.1f} s ({seconds_alone / floor_seconds:.2f}x), {rss_alone / 1e6:.0f} MB"
         )
 
 
