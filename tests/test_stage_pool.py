@@ -8,6 +8,8 @@ import dataclasses
 import json
 import os
 import signal
+import subprocess
+import sys
 
 import psutil
 import pytest
@@ -68,12 +70,34 @@ def test_a_worker_killed_mid_stage_is_reported_and_the_others_are_stopped() -> N
         if not workers:
             children = psutil.Process().children()  # the workers, and multiprocessing's resource tracker
             workers.extend(child for child in children if "spawn_main" in " ".join(child.cmdline()))
-            os.kill(workers[0].pid, signal.SIGKILL)
+            training = next(w for w in workers if w.num_threads() > 4)  # its 4 rank threads are up
+            os.kill(training.pid, signal.SIGKILL)
 
     with pytest.raises(WorkerFailed, match=r"was killed by signal 9 while training .*out of memory\?"):
         compare_stages([0, 3], 4, 40, CONFIG, jobs=2, on_step=kill_one_worker)
     assert len(workers) == 2
     assert not any(worker.is_running() and worker.status() != psutil.STATUS_ZOMBIE for worker in workers)
+
+
+def test_workers_leave_when_the_process_that_started_them_is_killed() -> None:
+    """No orphan goes on training for nobody: a worker watches its parent and exits with it."""
+    script = (
+        "from zero_core.experiment import compare_stages\n"
+        "from zero_core.model import preset\n"
+        "from zero_core.stages import TrainConfig\n"
+        "compare_stages([0, 3], 4, 10_000, TrainConfig(model=preset('micro')), jobs=2,\n"
+        "               on_step=lambda step: print('step', step, flush=True))\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout is not None and parent.stdout.readline().startswith("step")
+        workers = [c for c in psutil.Process(parent.pid).children() if "spawn_main" in " ".join(c.cmdline())]
+        assert len(workers) == 2
+    finally:
+        parent.kill()
+        parent.wait()
+    _, alive = psutil.wait_procs(workers, timeout=15)
+    assert not alive, f"{len(alive)} worker(s) still running 15 s after their parent was killed"
 
 
 def test_jobs_default_to_one_per_core_from_the_smallest_world_that_repays_a_worker() -> None:

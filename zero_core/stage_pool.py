@@ -20,6 +20,7 @@ import multiprocessing
 import os
 import pickle
 import queue
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -91,11 +92,14 @@ def train_in_workers(
     """The stage (its index) each worker trains, by pid."""
     try:
         while any(report is None for report in reports):
-            try:
-                kind, index, value = results.get(timeout=_POLL_S)
-            except queue.Empty:
-                _raise_if_a_worker_died(workers, running, stages)
+            message = _next_message(results)
+            _raise_if_a_worker_died(workers, running, reports, stages)
+            if message is None:  # everything the workers sent is read: none of it is still on its way
+                if all(worker.exitcode is not None for worker in workers):
+                    missing = ", ".join(_label(stage) for stage, r in zip(stages, reports, strict=True) if r is None)
+                    raise WorkerFailed(f"every worker process exited before training {missing}")
                 continue
+            kind, index, value = message
             if kind == "started":
                 running[value] = index
             elif kind == "step":
@@ -114,12 +118,24 @@ def train_in_workers(
     return reports  # type: ignore[return-value]
 
 
-def _raise_if_a_worker_died(workers: list, running: dict[int, int], stages: list[int | str]) -> None:
+def _next_message(results: Any) -> tuple | None:
+    try:
+        return results.get(timeout=_POLL_S)
+    except queue.Empty:
+        return None
+
+
+def _raise_if_a_worker_died(
+    workers: list, running: dict[int, int], reports: list[StageReport | None], stages: list[int | str]
+) -> None:
+    """Raise if a worker ended abnormally before handing in the stage it trained (or before starting one)."""
     for worker in workers:
         code = worker.exitcode
         if not code:  # running (None), or done with its stages (0)
             continue
         index = running.get(worker.pid)
+        if index is not None and reports[index] is not None:
+            continue  # it died after handing its stage in: the others train the rest
         what = f"training {_label(stages[index])}" if index is not None else "starting"
         how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
         raise WorkerFailed(
@@ -134,6 +150,7 @@ def _label(stage: int | str) -> str:
 
 def _work(share: list[int], tasks: Any, results: Any, run: tuple) -> None:
     """A worker: pin to `share`, then train stages from `tasks` until it hands out None or one fails."""
+    threading.Thread(target=_exit_with_parent, name="exit with the parent", daemon=True).start()
     if share and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, share)  # the cluster sizes its CPU slots from this (`VirtualCluster`)
     world_size, steps, config, gpus_per_node = run
@@ -156,3 +173,9 @@ def _work(share: list[int], tasks: Any, results: Any, run: tuple) -> None:
         # Pickled by value: torch would otherwise send the tensors as shared memory that this worker must keep
         # alive until the caller has read them.
         results.put(("report", index, pickle.dumps(report)))
+
+
+def _exit_with_parent() -> None:
+    """A worker whose parent died (killed, say) has no one to send its report to: it leaves too, at once."""
+    multiprocessing.parent_process().join()
+    os._exit(1)
