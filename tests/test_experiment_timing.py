@@ -51,3 +51,13 @@ def test_without_a_shared_clock_the_step_time_is_the_slowest_ranks_own_span() ->
         for bounds, origin in zip(spans, [100.0, -7.0], strict=True)
     ]
     assert cluster_step_seconds(4, results, shared_clock=False) == pytest.approx((4.5 - 2.0) / 2)
+
+
+def test_one_cpu_slot_changes_when_ranks_run_not_what_they_compute() -> None:
+    """`max_running=1` (benchmarks/bench_bound.py): one rank thread at a time, the same training and ledger."""
+    alone, default = run_stage(3, 4, 2, MICRO, max_running=1), run_stage(3, 4, 2, MICRO)
+    assert alone.losses == default.losses
+    assert all(w.equal(default.master_weights[name]) for name, w in alone.master_weights.items())
+    assert alone.comm_bytes_per_step_mean == default.comm_bytes_per_step_mean
+    with pytest.raises(ValueError, match="max_running must be at least 1"):
+        run_stage(3, 4, 1, MICRO, max_running=0)

@@ -238,18 +238,20 @@ def run_stage(
     timeout_s: float = 60.0,
     on_step: Callable[[int], None] | None = None,
     gpus_per_node: int | None = None,
+    max_running: int | None = None,
 ) -> StageReport:
     """Train `stage` on `world_size` virtual GPUs for `steps` steps and measure it.
 
     `functions` swaps in other layer Functions (exercises); `on_step(step)` runs on rank 0 after each step;
-    `gpus_per_node` places the ranks in nodes for the stages that shard by node (all on one by default).
+    `gpus_per_node` places the ranks in nodes for the stages that shard by node (all on one by default);
+    `max_running` rank threads may run their own code at once (`VirtualCluster`; default one per core, plus one).
     """
     if stage not in STAGES:
         stage_class(stage)
     if steps < 1:
         raise ValueError(f"steps must be at least 1, got {steps}")
     config = config or TrainConfig()
-    cluster = VirtualCluster(world_size, timeout_s=timeout_s, seed=config.seed)
+    cluster = VirtualCluster(world_size, timeout_s=timeout_s, seed=config.seed, max_running=max_running)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

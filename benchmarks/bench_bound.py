@@ -1,0 +1,90 @@
+"""What bounds a stage's step time against the compute floor on this machine: the interpreter lock, or the
+stage's own code? Two measurements, ratios from one run (`benchmarks/bench_step.py` defines the floor).
+
+1. The floor's work (N micro-batches' forward and backward, then the Adam steps of the replicas a stage
+   keeps) in C threads of one process against C processes and against one thread. If threads ran it almost
+   as fast as processes, one interpreter lock shared by the ranks would not be what keeps a stage from its
+   floor.
+2. Each stage with a single CPU slot (`max_running=1`: no two rank threads ever run their own code at once,
+   so no lock contention and no thread switch that a slot does not ask for): its CPU seconds per step over
+   the one-thread floor's. That ratio is the work the stage's own code adds (autograd Functions, memory
+   bookkeeping, rendezvous), which no way of spreading the ranks over cores removes.
+
+    python benchmarks/bench_bound.py [--world-size 32] [--steps 5] [--preset tiny] [--stages 0,1,2,3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import threading
+import time
+
+import torch
+from bench_step import Floors, _floor_work
+
+from zero_core.experiment import run_stage
+from zero_core.model import preset
+from zero_core.stages import TrainConfig
+
+
+def floor_in_threads(config: TrainConfig, world_size: int, steps: int, stage: int, threads: int) -> float:
+    """The floor's median step with its work split over `threads` threads of this process."""
+    barrier = threading.Barrier(threads)
+    per_worker: list[list[tuple[float, float]]] = [[] for _ in range(threads)]
+
+    def work(worker: int) -> None:
+        per_worker[worker] = _floor_work(config, world_size, steps, stage, worker, threads, barrier=barrier)
+
+    workers = [threading.Thread(target=work, args=(worker,)) for worker in range(threads)]
+    for thread in workers:
+        thread.start()
+    for thread in workers:
+        thread.join()
+    return statistics.median(max(wall for wall, _ in step) for step in list(zip(*per_worker, strict=True))[1:])
+
+
+def cpu_per_step_with_one_slot(config: TrainConfig, world_size: int, steps: int, stage: int) -> float:
+    """Process CPU seconds per step over the steps between the first and the last (the audited one)."""
+    marks: dict[int, float] = {}
+
+    def on_step(step: int) -> None:
+        marks[step] = time.process_time()
+
+    run_stage(stage, world_size, steps, config, on_step=on_step, max_running=1)
+    return (marks[steps - 2] - marks[0]) / (steps - 2)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--world-size", type=int, default=32)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--preset", default="tiny")
+    parser.add_argument("--stages", default="0,1,2,3")
+    args = parser.parse_args()
+    if args.steps < 3:
+        raise SystemExit("--steps must be at least 3: the first step warms up and the last is audited")
+    config = TrainConfig(model=preset(args.preset))
+    cores = len(os.sched_getaffinity(0))
+    stages = [int(s) for s in args.stages.split(",")]
+    torch.set_num_threads(1)
+    print(f"preset {args.preset}, N = {args.world_size}, {cores} cores; floors: median step after the first")
+    print(f"stage  1 thread  {cores} threads  {cores} processes  threads/processes  one-slot CPU / 1-thread floor")
+    floors = Floors(cores)
+    try:
+        for stage in stages:
+            one = floors.measure(config, args.world_size, args.steps, stage, 1)
+            many = floors.measure(config, args.world_size, args.steps, stage, cores)
+            threaded = floor_in_threads(config, args.world_size, args.steps, stage, cores)
+            cpu = cpu_per_step_with_one_slot(config, args.world_size, args.steps, stage)
+            print(
+                f"ZeRO-{stage} {one.seconds:8.3f}s {threaded:9.3f}s {many.seconds:11.3f}s "
+                f"{threaded / many.seconds:17.2f}x  {cpu / one.cpu_seconds:.2f}x"
+            )
+    finally:
+        floors.close()
+
+
+if __name__ == "__main__":
+    main()
