@@ -16,7 +16,6 @@ stage's own code? Two measurements, ratios from one run (`benchmarks/bench_step.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import threading
 import time
@@ -24,6 +23,7 @@ import time
 import torch
 from bench_step import Floors, _floor_work
 
+from zero_core.cluster import machine_cores
 from zero_core.experiment import run_stage
 from zero_core.model import preset
 from zero_core.stages import TrainConfig
@@ -66,7 +66,7 @@ def main() -> None:
     if args.steps < 3:
         raise SystemExit("--steps must be at least 3: the first step warms up and the last is audited")
     config = TrainConfig(model=preset(args.preset))
-    cores = len(os.sched_getaffinity(0))
+    cores = len(machine_cores())
     stages = [int(s) for s in args.stages.split(",")]
     torch.set_num_threads(1)
     print(f"preset {args.preset}, N = {args.world_size}, {cores} cores; floors: median step after the first")

@@ -36,7 +36,6 @@ import argparse
 import ctypes
 import gc
 import multiprocessing
-import os
 import resource
 import statistics
 import subprocess
@@ -49,6 +48,7 @@ from typing import Any
 import psutil
 import torch
 
+from zero_core.cluster import machine_cores
 from zero_core.experiment import StageReport, run_stage
 from zero_core.memory import MemoryTracker
 from zero_core.model import build_model, loss_fn, micro_batch, preset
@@ -339,7 +339,7 @@ def main() -> None:
     if args.steps < 3 or args.repeats < 1:
         parser.error("--steps must be at least 3 (a timed step between the first and the last), --repeats at least 1")
     config = TrainConfig(model=preset(args.preset))
-    cores = len(os.sched_getaffinity(0))
+    cores = len(machine_cores())
     print(
         f"preset {args.preset}, {cores} cores; each stage right after its floors (the N micro-batches with no "
         f"communication, in 1 process and in {cores}); peak RSS of the stage's run alone; process at rest "

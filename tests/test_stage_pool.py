@@ -16,10 +16,11 @@ import pytest
 import torch
 
 from zero_core.cli import main
+from zero_core.cluster import VirtualCluster, machine_cores
 from zero_core.experiment import compare_stages
 from zero_core.memory import TrackerSnapshot
 from zero_core.model import preset
-from zero_core.stage_pool import SMALLEST_WORLD_FOR_WORKERS, WorkerFailed, core_shares, default_jobs, machine_cores
+from zero_core.stage_pool import SMALLEST_WORLD_FOR_WORKERS, WorkerFailed, core_shares, default_jobs
 from zero_core.stages import TrainConfig
 
 CONFIG = TrainConfig(model=preset("micro"))
@@ -120,3 +121,11 @@ def test_compare_jobs_says_how_stages_ran_and_records_it(tmp_path, capsys) -> No
 
     assert main([*argv, "--jobs", "0"]) == 2
     assert "--jobs must be at least 1, got 0" in capsys.readouterr().err
+
+
+def test_a_machine_without_cpu_affinity_uses_every_core(monkeypatch) -> None:
+    """macOS has no sched_getaffinity: the cluster's CPU slots and compare's workers count os.cpu_count()."""
+    monkeypatch.delattr(os, "sched_getaffinity")
+    assert machine_cores() == list(range(os.cpu_count() or 1))
+    assert VirtualCluster(2).max_running == len(machine_cores()) + 1
+    assert default_jobs(4, 256) == min(4, os.cpu_count() or 1)

@@ -50,6 +50,13 @@ _STOP_GRACE_S = 1.0
 _INTERRUPT_S = 2.0
 
 
+def machine_cores() -> list[int]:
+    """The cores this process may run on: its affinity where the OS has one (Linux), else all of them (macOS)."""
+    if hasattr(os, "sched_getaffinity"):
+        return sorted(os.sched_getaffinity(0))
+    return list(range(os.cpu_count() or 1))
+
+
 class ClusterError(RuntimeError):
     """A run on the virtual cluster failed; the message says which rank and why."""
 
@@ -201,7 +208,7 @@ class VirtualCluster:
         if max_running is not None and max_running < 1:
             raise ValueError(f"max_running must be at least 1, got {max_running}")
         self.world_size = world_size
-        self.max_running = max_running or len(os.sched_getaffinity(0)) + 1
+        self.max_running = max_running or len(machine_cores()) + 1
         self.timeout_s = timeout_s
         self.seed = seed
         self.record_timeline = record_timeline

@@ -24,7 +24,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from zero_core.cluster import ClusterError
+from zero_core.cluster import ClusterError, machine_cores
 from zero_core.experiment import StageReport, run_stage
 from zero_core.memory import TrackerSnapshot
 from zero_core.stages import TrainConfig
@@ -38,13 +38,6 @@ _POLL_S = 0.5
 
 class WorkerFailed(ClusterError):
     """A stage's run in a worker process raised, or the worker died."""
-
-
-def machine_cores() -> list[int]:
-    """The cores this process may run on (all of them where the OS cannot say)."""
-    if hasattr(os, "sched_getaffinity"):
-        return sorted(os.sched_getaffinity(0))
-    return list(range(os.cpu_count() or 1))
 
 
 def default_jobs(stages: int, world_size: int) -> int:
