@@ -20,6 +20,7 @@ import multiprocessing
 import os
 import pickle
 import queue
+import signal
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -144,6 +145,7 @@ def _label(stage: int | str) -> str:
 def _work(share: list[int], tasks: Any, results: Any, run: tuple) -> None:
     """A worker: pin to `share`, then train stages from `tasks` until it hands out None or one fails."""
     threading.Thread(target=_exit_with_parent, name="exit with the parent", daemon=True).start()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the caller, which stops the workers: one message
     if share and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, share)  # the cluster sizes its CPU slots from this (`VirtualCluster`)
     world_size, steps, config, gpus_per_node = run
