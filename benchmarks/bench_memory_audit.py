@@ -8,7 +8,9 @@ ledger does not name, in multiples of the parameter count; the stages' claim is 
 Part 2: the audit (`MemoryTracker.audit`, a dispatch mode that sees every tensor operation) runs on a
 stage's setup and on the one step a report instruments. Its cost is printed as the ratio of the cluster's
 wall time per step with the audit to without it, runs of each alternating twice in one process (the
-machines here are shared and noisy: only a ratio measured in one run means anything).
+machines here are shared and noisy: only a ratio measured in one run means anything). Then the cost per
+tensor operation on one thread: none, any Python dispatch mode (torch's share), the audit with and without
+its timeline, and with the FLOP meter it carries in the instrumented step.
 
     python benchmarks/bench_memory_audit.py [--world-size 4] [--cost-world-size 32] [--steps 3]
 """
@@ -18,13 +20,16 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from contextlib import nullcontext
+from collections.abc import Callable
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from zero_core.cluster import INTERCONNECT, VirtualCluster
 from zero_core.context import current
-from zero_core.memory import UNLABELLED, MemoryTracker
+from zero_core.flops import FlopMeter
+from zero_core.memory import UNLABELLED, MemoryTracker, StorageAudit
 from zero_core.model import count_parameters, preset
 from zero_core.reachable import reachable_storages, unaccounted
 from zero_core.stages import STAGES, TrainConfig
@@ -93,8 +98,62 @@ def main() -> None:
                 f"ZeRO-{stage}: plain {statistics.median(plain):.3f} s/step, audited "
                 f"{statistics.median(audited):.3f} s/step, ratio {ratio:.2f}x"
             )
+        print("\nPer tensor operation on one thread (add, view, mm, t of 64x64 fp32, 8,000 of them), best of 3:")
+        for name, mode in per_operation_modes():
+            print(f"  {name:32} {microseconds_per_operation(mode):6.2f} µs")
     finally:
         torch.set_num_threads(threads)
+
+
+class _PassThrough(TorchDispatchMode):
+    """A dispatch mode that only runs each operation: what torch costs for any mode written in Python."""
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+def per_operation_modes() -> list[tuple[str, Callable[[], AbstractContextManager]]]:
+    """(name, a fresh context per timing) from no mode to the audit carrying the FLOP meter, as the last step."""
+
+    def audit_counting() -> AbstractContextManager:
+        audit = StorageAudit(MemoryTracker())
+        stack = ExitStack()
+        stack.enter_context(audit)
+        stack.enter_context(audit.counting(FlopMeter()))
+        return stack
+
+    return [
+        ("no dispatch mode", nullcontext),
+        ("a pass-through dispatch mode", _PassThrough),
+        ("StorageAudit, no timeline", lambda: StorageAudit(MemoryTracker(record_timeline=False))),
+        ("StorageAudit", lambda: StorageAudit(MemoryTracker())),
+        ("StorageAudit + FlopMeter", audit_counting),
+    ]
+
+
+def microseconds_per_operation(mode: Callable[[], AbstractContextManager], repeats: int = 2000) -> float:
+    a, b = torch.randn(64, 64), torch.randn(64, 64)
+
+    def operations() -> None:
+        for _ in range(repeats):
+            c = a + b
+            c.view(-1)
+            e = torch.mm(a, b)
+            e.t()
+
+    with mode():
+        operations()  # first calls fill the per-operator caches (aliasing, FLOP rules)
+    best = float("inf")
+    for _ in range(3):
+        with mode():
+            started = time.perf_counter()
+            operations()
+            best = min(best, time.perf_counter() - started)
+    return best / (4 * repeats) * 1e6
 
 
 if __name__ == "__main__":
