@@ -305,10 +305,9 @@ def _peak_tree_rss_until_exit(child: subprocess.Popen, every_s: float = 0.1) -> 
     parent, peak = psutil.Process(child.pid), 0
     while child.poll() is None:
         try:
-            rss = sum(p.memory_info().rss for p in (parent, *parent.children(recursive=True)))
-        except psutil.Error:  # a worker exited between listing it and reading it
-            continue
-        peak = max(peak, rss)
+            peak = max(peak, sum(p.memory_info().rss for p in (parent, *parent.children(recursive=True))))
+        except psutil.Error:  # a worker exited between listing it and reading it: the next sample counts
+            pass
         time.sleep(every_s)
     return peak
 
