@@ -8,9 +8,11 @@ ledger does not name, in multiples of the parameter count; the stages' claim is 
 Part 2: the audit (`MemoryTracker.audit`, a dispatch mode that sees every tensor operation) runs on a
 stage's setup and on the one step a report instruments. Its cost is printed as the ratio of the cluster's
 wall time per step with the audit to without it, runs of each alternating twice in one process (the
-machines here are shared and noisy: only a ratio measured in one run means anything). Then the cost per
-tensor operation on one thread: none, any Python dispatch mode (torch's share), the audit with and without
-its timeline, and with the FLOP meter it carries in the instrumented step.
+machines here are shared and noisy: only a ratio measured in one run means anything); audited twice: with
+the cluster's default number of rank threads running at once, and one at a time, as `experiment` runs the
+instrumented step (the audit's per-operation Python leaves the threads little to gain from a second core).
+Then the cost per tensor operation on one thread: none, any Python dispatch mode (torch's share), the audit
+with and without its timeline, and with the FLOP meter it carries in the instrumented step.
 
     python benchmarks/bench_memory_audit.py [--world-size 4] [--cost-world-size 32] [--steps 3]
 """
@@ -60,10 +62,16 @@ def timed_steps(stage: int, steps: int, audited: bool) -> tuple[float, float]:
     return started, time.perf_counter()
 
 
-def cluster_step_seconds(stage: int, world_size: int, steps: int, audited: bool) -> float:
-    """The cluster's wall time per step: from the first rank starting to the last rank finishing."""
-    bounds = VirtualCluster(world_size, timeout_s=120).run(timed_steps, stage, steps, audited)
-    return (max(end for _, end in bounds) - min(start for start, _ in bounds)) / steps
+def cluster_step_seconds(
+    stage: int, world_size: int, steps: int, audited: bool, max_running: int | None = None
+) -> tuple[float, float]:
+    """The cluster's (wall, CPU) seconds per step: wall from the first rank starting to the last rank
+    finishing; CPU the process's over the whole run, warm-up step and setup included, divided by `steps`."""
+    cpu = time.process_time()
+    cluster = VirtualCluster(world_size, timeout_s=120, max_running=max_running)
+    bounds = cluster.run(timed_steps, stage, steps, audited)
+    cpu = time.process_time() - cpu
+    return (max(end for _, end in bounds) - min(start for start, _ in bounds)) / steps, cpu / steps
 
 
 def main() -> None:
@@ -81,22 +89,28 @@ def main() -> None:
         total, named, reachable, unnamed = rows[0]
         print(f"ZeRO-{stage:<3}{total:>18,}{named:>12,}{reachable:>15,}{unnamed / psi:>17.2f}")
 
+    slots = VirtualCluster(1).max_running
     print(
-        f"\nAudit cost: tiny preset, N = {args.cost_world_size}, {args.steps} steps a run, "
-        "plain and audited runs alternating"
+        f"\nAudit cost: tiny preset, N = {args.cost_world_size}, {args.steps} steps a run, plain and audited "
+        f"runs alternating;\n{slots} rank threads at a time (the default) or one (what a report's instrumented "
+        "step runs with);\nwall seconds per step, and in brackets the process's CPU seconds per step"
     )
+    print(f"{'stage':8}{'plain':>16}{'audited':>17}{'ratio':>7}{'audited, 1 at a time':>23}{'ratio':>7}")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         for stage in sorted(STAGES):
-            plain, audited = [], []
+            runs: dict[str, list[tuple[float, float]]] = {"plain": [], "audited": [], "alone": []}
             for _ in range(2):
-                plain.append(cluster_step_seconds(stage, args.cost_world_size, args.steps, audited=False))
-                audited.append(cluster_step_seconds(stage, args.cost_world_size, args.steps, audited=True))
-            ratio = statistics.median(audited) / statistics.median(plain)
+                runs["plain"].append(cluster_step_seconds(stage, args.cost_world_size, args.steps, False))
+                runs["audited"].append(cluster_step_seconds(stage, args.cost_world_size, args.steps, True))
+                runs["alone"].append(cluster_step_seconds(stage, args.cost_world_size, args.steps, True, 1))
+            wall = {key: statistics.median(w for w, _ in pairs) for key, pairs in runs.items()}
+            cpu = {key: statistics.median(c for _, c in pairs) for key, pairs in runs.items()}
+            cells = [f"{wall[key]:.3f} s ({cpu[key]:.2f})" for key in runs]
             print(
-                f"ZeRO-{stage}: plain {statistics.median(plain):.3f} s/step, audited "
-                f"{statistics.median(audited):.3f} s/step, ratio {ratio:.2f}x"
+                f"ZeRO-{stage:<3}{cells[0]:>16}{cells[1]:>17}{wall['audited'] / wall['plain']:6.2f}x"
+                f"{cells[2]:>23}{wall['alone'] / wall['plain']:6.2f}x"
             )
         print("\nPer tensor operation on one thread (add, view, mm, t of 64x64 fp32, 8,000 of them), best of 3:")
         for name, mode in per_operation_modes():

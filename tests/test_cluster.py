@@ -20,6 +20,7 @@ from zero_core.cluster import (
     RunTimeout,
     VirtualCluster,
 )
+from zero_core.context import current
 
 
 def rank_threads() -> list[str]:
@@ -375,6 +376,44 @@ def test_at_most_max_running_ranks_run_their_own_code_at_once():
 
     VirtualCluster(8, timeout_s=5.0, max_running=2).run(busy_between_collectives)
     assert state["most"] == 2
+
+
+def test_a_rank_can_lower_the_limit_for_the_rest_of_the_run_and_raise_it_again():
+    """`limit_running(1)` from one rank: after the next collective no two ranks run at once; raised back to 3,
+    three do; the next run starts with the cluster's own limit."""
+    lock = threading.Lock()
+    most = {"alone": 0, "raised": 0}
+    state = {"now": 0}
+
+    def busy(phase: str) -> None:
+        with lock:
+            state["now"] += 1
+            most[phase] = max(most[phase], state["now"])
+        time.sleep(0.002)
+        with lock:
+            state["now"] -= 1
+
+    def lowered_then_raised():
+        if dist.get_rank() == 0:
+            current().backend.cluster.limit_running(1)
+        dist.barrier()
+        for _ in range(3):
+            busy("alone")
+            dist.barrier()
+        current().backend.cluster.limit_running(3)
+        dist.barrier()
+        for _ in range(3):
+            busy("raised")
+            dist.barrier()
+
+    cluster = VirtualCluster(8, timeout_s=5.0, max_running=2)
+    cluster.run(lowered_then_raised)
+    assert most == {"alone": 1, "raised": 3}
+    most["alone"] = 0
+    cluster.run(lambda: [busy("alone"), dist.barrier()])
+    assert most["alone"] == 2
+    with pytest.raises(ValueError, match="max_running must be at least 1"):
+        cluster.limit_running(0)
 
 
 def test_max_running_must_be_positive():

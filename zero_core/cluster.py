@@ -231,7 +231,9 @@ class VirtualCluster:
         self._failure: tuple[int, BaseException] | None = None
         self._running = n
         self._all_done = threading.Event()
-        self._free_slots = self.max_running
+        self._slots = self.max_running
+        """This run's limit: `max_running` until a rank lowers it (`limit_running`); each run starts afresh."""
+        self._free_slots = self._slots
         self._ready: deque[int] = deque()
         self._has_slot = [False] * n
         self._parked = [False] * n
@@ -371,7 +373,7 @@ class VirtualCluster:
 
     def _grant_slot(self, rank: int) -> None:
         """Make a waiting rank runnable: give it a free slot and wake it, or queue it (caller holds the lock)."""
-        if self._free_slots:
+        if self._free_slots > 0:
             self._free_slots -= 1
             self._has_slot[rank] = True
             self._status[rank] = "running"
@@ -385,8 +387,21 @@ class VirtualCluster:
             return
         self._has_slot[rank] = False
         self._free_slots += 1
-        if self._ready:
+        if self._ready and self._free_slots > 0:
             self._grant_slot(self._ready.popleft())
+
+    def limit_running(self, max_running: int) -> None:
+        """From now until this run ends, at most `max_running` ranks run their own code at once; any rank
+        may call it, and again with the same limit changes nothing. Ranks holding a slot keep it until they
+        next wait, so the limit holds from each one's next collective on (the slots taken away are simply not
+        handed on). Raising it wakes queued ranks at once."""
+        if max_running < 1:
+            raise ValueError(f"max_running must be at least 1, got {max_running}")
+        with self._lock:
+            self._free_slots += max_running - self._slots
+            self._slots = max_running
+            while self._ready and self._free_slots > 0:
+                self._grant_slot(self._ready.popleft())
 
     def _take_slot(self, rank: int) -> None:
         """Wait for a first turn on the CPU, bounded by the timeout like a collective."""
@@ -421,7 +436,7 @@ class VirtualCluster:
                     continue
                 error = CollectiveTimeout(
                     f"rank {rank} waited {self.timeout_s} s for a turn on the CPU: the ranks running their "
-                    f"own code ({self.max_running} at a time) never reached a collective. What each rank "
+                    f"own code ({self._slots} at a time) never reached a collective. What each rank "
                     f"was doing:\n{self.describe_ranks()}"
                 )
                 self._parked[rank] = False

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from zero_core import formulas, memory
+from zero_core.backends.virtual import VirtualBackend
 from zero_core.cluster import CollectiveCall, VirtualCluster
 from zero_core.comm import CommLedger
 from zero_core.context import current
@@ -114,8 +115,9 @@ def train_on_rank(
     the rank allocates (`memory.StorageAudit`, which carries the FLOP meter: one dispatch mode, not two
     stacked, so each tensor operation passes through Python once), as does the stage's setup: its memory
     peaks are the report's, true peaks of live bytes with every temporary in them. The audit sees each
-    tensor operation, which makes a step 1.6-2.8x slower at N = 32 (`benchmarks/bench_memory_audit.py`),
-    so the steps between run without it; what they allocate and keep would be missed, and a test walking
+    tensor operation, which makes a step about twice as slow at N = 32 even one rank at a time, as the
+    instrumented step runs on the virtual cluster (`benchmarks/bench_memory_audit.py`), so the steps
+    between run without it; what they allocate and keep would be missed, and a test walking
     every storage the stages hold finds none.
     Runs the same on a virtual-cluster thread and in a torchrun process. `gpus_per_node` goes to the stages
     that shard by node ("hsdp", "hpz"); the others ignore it.
@@ -144,6 +146,8 @@ def train_on_rank(
                 yield
             spans.append((step, phase, started - origin, time.perf_counter() - origin))
 
+        if last:
+            _one_rank_at_a_time()
         if step in fenced_steps(steps):
             _fence()
         if last:
@@ -194,6 +198,19 @@ def fenced_steps(steps: int) -> list[int]:
     if steps >= 3:
         return [1, steps - 1]
     return [steps - 1] if steps == 2 else []
+
+
+def _one_rank_at_a_time() -> None:
+    """On the virtual cluster, let one rank thread at a time run the instrumented step.
+
+    The audit takes every tensor operation through Python, so rank threads running that step side by side
+    mostly trade the interpreter lock: one at a time, the step takes less wall time and much less CPU
+    (`benchmarks/bench_memory_audit.py` measures both). Said before the fence, it holds from the fence on.
+    Under torchrun each rank is a process of its own: nothing to do.
+    """
+    backend = current().backend
+    if isinstance(backend, VirtualBackend):
+        backend.cluster.limit_running(1)
 
 
 def _fence() -> None:
