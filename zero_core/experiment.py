@@ -146,11 +146,10 @@ def train_on_rank(
                 yield
             spans.append((step, phase, started - origin, time.perf_counter() - origin))
 
-        if last:
-            _one_rank_at_a_time()
         if step in fenced_steps(steps):
             _fence()
         if last:
+            _one_rank_at_a_time()
             tracker.reset_peaks()
         started = time.perf_counter()
         with audit or nullcontext():
@@ -205,7 +204,8 @@ def _one_rank_at_a_time() -> None:
 
     The audit takes every tensor operation through Python, so rank threads running that step side by side
     mostly trade the interpreter lock: one at a time, the step takes less wall time and much less CPU
-    (`benchmarks/bench_memory_audit.py` measures both). Said before the fence, it holds from the fence on.
+    (`benchmarks/bench_memory_audit.py` measures both). Said after the fence, when every rank has finished
+    the timed steps: said before it, a rank that got there first would slow the others' last timed step.
     Under torchrun each rank is a process of its own: nothing to do.
     """
     backend = current().backend
