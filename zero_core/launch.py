@@ -21,7 +21,6 @@ import faulthandler
 import os
 import signal
 import sys
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -314,45 +313,25 @@ def main(argv: list[str] | None = None) -> int:
     except CollectiveFailed as error:
         message = str(error) if str(error).startswith("rank ") else f"rank {env.rank}: {error}"
         sys.stderr.write(f"{PROG}: {message}\n")
-        # No teardown: the group has a peer that died or hangs, and destroying it can wait on that peer
-        # (torch 2.6's gloo does); `leave` ends the process at once.
         return 1
-    tear_down(env.rank)
     return exit_code
 
 
-TEARDOWN_S = 20.0
-
-
-def tear_down(rank: int, bound_s: float = TEARDOWN_S) -> None:
-    """Destroy the process group, waiting at most `bound_s` seconds for it.
-
-    Every rank reaches this after the closing barrier, with all output written, yet
-    `destroy_process_group` is known to hang now and then (pytorch/pytorch#75097); a four-process gloo
-    run on torch 2.6 once outlasted its test's 110 s limit on a CI machine, where it was not seen why. A
-    teardown that stalls must not turn a finished run into a hung one: after `bound_s` the rank says
-    so on stderr and leaves anyway (`leave` ends the process without waiting on torch's threads).
-    """
-    if not torch_dist.is_initialized():
-        return
-    worker = threading.Thread(target=torch_dist.destroy_process_group, name="teardown", daemon=True)
-    worker.start()
-    worker.join(bound_s)
-    if worker.is_alive():
-        sys.stderr.write(
-            f"{PROG}: rank {rank}: the process group's teardown did not finish within {bound_s:g} s; "
-            "leaving without it (the run itself finished and its output is written)\n"
-        )
-
-
 def leave(exit_code: int) -> None:
-    """Exit without the interpreter's finalization, once everything is written and the group destroyed.
-
-    In about one run in twenty, a gloo rank that had finished its work cleanly aborted while the
-    interpreter tore torch down at exit ("terminate called without an active exception": a C++ thread
-    still joinable, with no Python frame left), and torchrun then failed the whole run. By the time
-    `main` returns, the process group is destroyed and every file is written and closed; only the
+    """Exit without the interpreter's finalization and without destroying the process group, once every
+    rank has passed the closing barrier (or one has failed) and every file is written and closed; only the
     standard streams remain to flush.
+
+    Tearing torch down in the process has failed a finished run in two ways, both on gloo:
+    - at the interpreter's exit, in about one run in twenty, a rank aborted ("terminate called without an
+      active exception": a C++ thread still joinable, with no Python frame left), and torchrun failed the run;
+    - `destroy_process_group` deadlocked (torch 2.6, four processes, once in a CI run; the stacks of the
+      rank left behind): it frees the group while holding the interpreter lock, and the group's destructor
+      joins gloo's worker thread, which was still freeing a finished collective's tensors and waited for
+      that same lock to drop their Python objects. No thread of the rank could take the lock again, so no
+      bound written in Python could end the wait. A failed rank's group can hang the same way, waiting on
+      a dead peer.
+    The process ends here instead, and the operating system closes the group's connections.
     """
     sys.stdout.flush()
     sys.stderr.flush()
