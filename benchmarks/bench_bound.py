@@ -9,6 +9,12 @@ stage's own code? Two measurements, ratios from one run (`benchmarks/bench_step.
    so no lock contention and no thread switch that a slot does not ask for): its CPU seconds per step over
    the one-thread floor's. That ratio is the work the stage's own code adds (autograd Functions, memory
    bookkeeping, rendezvous), which no way of spreading the ranks over cores removes.
+3. Each stage as it runs by default (`VirtualCluster`'s slots, one per core plus one): its CPU seconds per
+   step over those with one slot. The same work, so what it adds is what rank threads running side by side
+   cost each other: every tensor operation lets go of the interpreter lock and takes it back, and with
+   several rank threads runnable, taking it back means waiting and a thread switch.
+   So a stage's step on C cores is at best (one-slot CPU / floor CPU) x (this) x (C-core floor), when it
+   keeps all C cores busy.
 
     python benchmarks/bench_bound.py [--world-size 32] [--steps 5] [--preset tiny] [--stages 0,1,2,3]
 """
@@ -23,7 +29,7 @@ import time
 import torch
 from bench_step import Floors, _floor_work
 
-from zero_core.cluster import machine_cores
+from zero_core.cluster import VirtualCluster, machine_cores
 from zero_core.experiment import run_stage
 from zero_core.model import preset
 from zero_core.stages import TrainConfig
@@ -45,14 +51,15 @@ def floor_in_threads(config: TrainConfig, world_size: int, steps: int, stage: in
     return statistics.median(max(wall for wall, _ in step) for step in list(zip(*per_worker, strict=True))[1:])
 
 
-def cpu_per_step_with_one_slot(config: TrainConfig, world_size: int, steps: int, stage: int) -> float:
-    """Process CPU seconds per step over the steps between the first and the last (the audited one)."""
+def cpu_per_step(config: TrainConfig, world_size: int, steps: int, stage: int, max_running: int | None) -> float:
+    """Process CPU seconds per step over the steps between the first and the last (the audited one), with
+    `max_running` CPU slots (None: the cluster's default)."""
     marks: dict[int, float] = {}
 
     def on_step(step: int) -> None:
         marks[step] = time.process_time()
 
-    run_stage(stage, world_size, steps, config, on_step=on_step, max_running=1)
+    run_stage(stage, world_size, steps, config, on_step=on_step, max_running=max_running)
     return (marks[steps - 2] - marks[0]) / (steps - 2)
 
 
@@ -70,17 +77,21 @@ def main() -> None:
     stages = [int(s) for s in args.stages.split(",")]
     torch.set_num_threads(1)
     print(f"preset {args.preset}, N = {args.world_size}, {cores} cores; floors: median step after the first")
-    print(f"stage  1 thread  {cores} threads  {cores} processes  threads/processes  one-slot CPU / 1-thread floor")
+    print(
+        f"stage  1 thread  {cores} threads  {cores} processes  threads/processes  one-slot CPU / 1-thread floor  "
+        f"{VirtualCluster(1).max_running}-slot CPU / one-slot"
+    )
     floors = Floors(cores)
     try:
         for stage in stages:
             one = floors.measure(config, args.world_size, args.steps, stage, 1)
             many = floors.measure(config, args.world_size, args.steps, stage, cores)
             threaded = floor_in_threads(config, args.world_size, args.steps, stage, cores)
-            cpu = cpu_per_step_with_one_slot(config, args.world_size, args.steps, stage)
+            alone = cpu_per_step(config, args.world_size, args.steps, stage, 1)
+            side_by_side = cpu_per_step(config, args.world_size, args.steps, stage, None)
             print(
                 f"ZeRO-{stage} {one.seconds:8.3f}s {threaded:9.3f}s {many.seconds:11.3f}s "
-                f"{threaded / many.seconds:17.2f}x  {cpu / one.cpu_seconds:.2f}x"
+                f"{threaded / many.seconds:17.2f}x  {alone / one.cpu_seconds:28.2f}x  {side_by_side / alone:22.2f}x"
             )
     finally:
         floors.close()
