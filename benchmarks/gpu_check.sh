@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # What only a GPU machine can show, in one run (a few minutes): the CUDA path's tests, the real backend's
 # tests on the machine's own torch, an NCCL launch beside the virtual ranks, and the virtual cluster's step
-# time on the machine's cores. Run from the repository root with the machine's Python:
+# time on the machine's cores (bench_step, with `compare` at N = 256) and what bounds it there (bench_bound).
+# Run from the repository root with the machine's Python:
 #     bash benchmarks/gpu_check.sh [python]
 # The course's code runs from the checkout (PYTHONPATH=.); nothing is installed.
 set -uo pipefail
@@ -13,6 +14,11 @@ section "machine"
 nproc
 nvidia-smi -L 2>/dev/null || echo "no nvidia-smi"
 "$PY" -c 'import sys, torch; print("python", sys.version.split()[0], "| torch", torch.__version__, "| cuda", torch.cuda.is_available())'
+# What the tests and benches import besides torch: a machine with no network needs them brought along.
+"$PY" -c '
+import importlib.util
+missing = [m for m in ("numpy", "tqdm", "psutil", "pytest", "pytest_timeout") if importlib.util.find_spec(m) is None]
+print("missing, install before running this:", " ".join(missing) if missing else "nothing")'
 
 section "the CUDA path (tests/test_cuda_path.py)"
 "$PY" -m pytest -q -p no:cacheprovider -s tests/test_cuda_path.py
@@ -24,5 +30,8 @@ section "NCCL launch, tiny preset, one GPU"
 "$PY" -m torch.distributed.run --standalone --nproc-per-node=1 -m zero_core.launch --backend nccl \
     --preset tiny --stages 0,1,2,3 --steps 3 --no-progress --check-virtual
 
-section "step time of the virtual cluster on $(nproc) cores (N = 32, tiny)"
-"$PY" benchmarks/bench_step.py --world-size 32 --steps 5 --repeats 1
+section "step time of the virtual cluster on $(nproc) cores (N = 32, tiny), and compare at N = 256"
+"$PY" benchmarks/bench_step.py --world-size 32 --steps 5 --repeats 1 --compare-world-size 256
+
+section "what bounds a stage on $(nproc) cores (N = 32, tiny)"
+"$PY" benchmarks/bench_bound.py --world-size 32
