@@ -182,6 +182,23 @@ def test_original_modules_kept_after_the_swap_are_found(base: type, losses_seen)
     assert "after setup" in message and "stage.original_modules" in message
 
 
+class LeavesTheLastLayer(Zero3):
+    """Planted: setup partitions every layer but the last, whose module keeps the weights every rank shares."""
+
+    def setup(self, model: nn.Module, initial: dict[str, torch.Tensor]) -> None:
+        layers, self.layers = self.layers, self.layers[:-1]
+        super().setup(model, initial)
+        self.layers = layers
+
+
+def test_a_parameter_setup_did_not_replace_is_an_error() -> None:
+    with pytest.raises(RankFailed) as caught:
+        VirtualCluster(2, timeout_s=30).run(lambda: LeavesTheLastLayer(MICRO))
+    assert isinstance(caught.value.error, RuntimeError)
+    assert "lm_head.weight is still the initial weight every rank shares" in str(caught.value.error)
+    assert "ZeRO-3" in str(caught.value.error)
+
+
 def test_a_gathered_weight_kept_on_ctx_is_found(losses_seen) -> None:
     message = failure(2, 3, Zero3, {nn.Linear: GatherLinearKeepingWeight})
     assert "step 0, after forward" in message and "gathered parameters alive" in message

@@ -11,6 +11,7 @@ from zero_core.model import (
     corpus,
     count_parameters,
     global_batch,
+    initial_values,
     micro_batch,
     parameter_layers,
     preset,
@@ -45,6 +46,22 @@ def test_build_model_is_deterministic_and_leaves_the_global_rng_alone() -> None:
     assert torch.equal(torch.random.get_rng_state(), before)
     for pa, pb in zip(a.parameters(), b.parameters(), strict=True):
         assert torch.equal(pa, pb)
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3, "hsdp", "offload"])
+def test_training_leaves_the_shared_initial_values_as_they_were(stage: int | str) -> None:
+    """Every rank of every stage starts from the same per-layer values, made once per process: a stage that
+    wrote into them would change the start of every later run in the process."""
+    from zero_core.experiment import run_stage
+    from zero_core.stages import TrainConfig
+
+    config = TrainConfig(model=preset("micro"), seed=11)
+    shared = initial_values(config.model, config.seed)
+    run_stage(stage, 4, 2, config, gpus_per_node=2)
+    assert initial_values(config.model, config.seed) is shared
+    model = build_model(config.model, config.seed)
+    for name, module in parameter_layers(model):
+        assert torch.equal(shared[name], torch.cat([p.detach().reshape(-1) for p in module.parameters()])), name
 
 
 def test_micro_batches_depend_on_rank_and_step_only() -> None:

@@ -192,10 +192,41 @@ def build_model(config: GPTConfig, seed: int = 0) -> GPT:
     return _copy_module(_template(config, seed))
 
 
-def _copy_module(module: nn.Module) -> nn.Module:
+def model_skeleton(config: GPTConfig, seed: int = 0) -> GPT:
+    """A copy of the template for (`config`, `seed`) whose parameters are the template's own tensors.
+
+    For a ZeRO stage, which replaces every parameter by buffers of the rank's own before training
+    (`ZeroStage._build` checks that none is left): copying values that are replaced at once would cost
+    every virtual GPU a copy of the whole model for nothing. Read its values from `initial_values`."""
+    return _copy_module(_template(config, seed), share_parameters=True)
+
+
+_INITIAL_VALUES: dict[tuple[GPTConfig, int], dict[str, torch.Tensor]] = {}
+
+
+def initial_values(config: GPTConfig, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Per parameter layer (`parameter_layers` order), its parameters flattened into one fp32 tensor: the
+    values every rank starts from, the unit a stage partitions.
+
+    Made once per process, outside the calling rank's dispatch modes, like the template they come from,
+    and shared by every caller: read them, copy what you keep, never write into them.
+    """
+    template = _template(config, seed)
+    with _TEMPLATES_LOCK:
+        if (config, seed) not in _INITIAL_VALUES:
+            with _disable_current_modes(), torch.no_grad():
+                _INITIAL_VALUES[config, seed] = {
+                    name: torch.cat([p.reshape(-1) for p in module.parameters()])
+                    for name, module in parameter_layers(template)
+                }
+        return _INITIAL_VALUES[config, seed]
+
+
+def _copy_module(module: nn.Module, *, share_parameters: bool = False) -> nn.Module:
     """What `copy.deepcopy` makes of a module of this file, without deepcopy's generic walk over every
     object (every virtual GPU builds one): parameters, buffers and submodules of its own, tables (hooks)
-    copied, plain values (the frozen config, ints) shared."""
+    copied, plain values (the frozen config, ints) shared. With `share_parameters`, the parameters are the
+    module's own (`model_skeleton`)."""
     state = {}
     for key, value in module.__dict__.items():
         if isinstance(value, torch.Tensor):
@@ -203,12 +234,19 @@ def _copy_module(module: nn.Module) -> nn.Module:
         elif isinstance(value, dict | set | list):
             value = type(value)(value)
         state[key] = value
-    state["_parameters"] = {
-        name: None if p is None else nn.Parameter(p.detach().clone(), p.requires_grad)
-        for name, p in module._parameters.items()
-    }
+    state["_parameters"] = (
+        dict(module._parameters)
+        if share_parameters
+        else {
+            name: None if p is None else nn.Parameter(p.detach().clone(), p.requires_grad)
+            for name, p in module._parameters.items()
+        }
+    )
     state["_buffers"] = {name: None if b is None else b.clone() for name, b in module._buffers.items()}
-    state["_modules"] = {name: None if m is None else _copy_module(m) for name, m in module._modules.items()}
+    state["_modules"] = {
+        name: None if m is None else _copy_module(m, share_parameters=share_parameters)
+        for name, m in module._modules.items()
+    }
     clone = object.__new__(type(module))
     clone.__dict__.update(state)  # not through nn.Module.__setattr__, which would sort each value again
     return clone

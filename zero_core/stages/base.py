@@ -30,7 +30,7 @@ import torch.nn as nn
 
 from zero_core import dist, memory
 from zero_core.context import current, phase
-from zero_core.model import GPTConfig, build_model, loss_fn, micro_batch, parameter_layers
+from zero_core.model import GPTConfig, initial_values, loss_fn, micro_batch, model_skeleton, parameter_layers
 from zero_core.optim import AdamConfig, AdamShard, LossScaler, has_overflow, precision_dtype
 from zero_core.partition import FlatPartition, flatten, unflatten
 
@@ -85,6 +85,16 @@ class Layer:
     @property
     def numel(self) -> int:
         return self.partition.numel
+
+
+def _check_nothing_shared(model: nn.Module, shared: set[int], label: str) -> None:
+    """Raise if `model` still holds a parameter in one of the `shared` storages (by address) after setup."""
+    for name, param in model.named_parameters():
+        if param.untyped_storage().data_ptr() in shared:
+            raise RuntimeError(
+                f"{label}: after setup, parameter {name} is still the initial weight every rank shares; "
+                "setup must replace each parameter layer's parameters with buffers of the rank's own"
+            )
 
 
 OVERFLOW_TAG = "overflow flag"
@@ -145,8 +155,13 @@ class ZeroStage:
 
     def _build(self, config: TrainConfig, world_size: int) -> None:
         """The model, the fp32 masters and the stage's buffers. Everything made here and not named by the
-        end of it (the model's original weights, say) shows up as untracked memory."""
-        model = build_model(config.model, config.seed)
+        end of it shows up as untracked memory.
+
+        The model starts as a skeleton holding the process's shared initial weights (`model_skeleton`),
+        and `setup` must replace every one of its parameters by the rank's own buffers; one it leaves
+        shared would be memory no rank's audit sees, so that is an error.
+        """
+        model = model_skeleton(config.model, config.seed)
         self.layers = [
             Layer(
                 name,
@@ -157,7 +172,7 @@ class ZeroStage:
             )
             for name, module in parameter_layers(model)
         ]
-        initial = {name: flatten([p.detach() for p in module.parameters()]) for name, module in parameter_layers(model)}
+        initial = initial_values(config.model, config.seed)
         masters, offset = [], 0
         for layer in self.layers:
             start, end = self.master_range(layer)
@@ -169,7 +184,9 @@ class ZeroStage:
         )
         for layer in self.layers:
             layer.master = self.optimizer.view(layer.master_slice.start, layer.master_slice.stop)
+        shared = {p.untyped_storage().data_ptr() for p in model.parameters()}
         self.setup(model, initial)
+        _check_nothing_shared(model, shared, self.label)
         self.model = model
 
     @property
