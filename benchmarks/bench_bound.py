@@ -1,5 +1,6 @@
 """What bounds a stage's step time against the compute floor on this machine: the interpreter lock, or the
-stage's own code? Two measurements, ratios from one run (`benchmarks/bench_step.py` defines the floor).
+stage's own code, and in it, the collectives? Four measurements, ratios from one run
+(`benchmarks/bench_step.py` defines the floor).
 
 1. The floor's work (N micro-batches' forward and backward, then the Adam steps of the replicas a stage
    keeps) in C threads of one process against C processes and against one thread. If threads ran it almost
@@ -15,6 +16,10 @@ stage's own code? Two measurements, ratios from one run (`benchmarks/bench_step.
    several rank threads runnable, taking it back means waiting and a thread switch.
    So a stage's step on C cores is at best (one-slot CPU / floor CPU) x (this) x (C-core floor), when it
    keeps all C cores busy.
+4. What a collective costs: ZeRO-2 against the same stage with its gradients reduce-scattered in buckets
+   (`BucketedZero2`, exercise ex06's answer: the same bytes in fewer, larger collectives), both with one
+   CPU slot. Their collectives per rank per step, their CPU per step, and the CPU one collective fewer
+   saves a rank: the work the stages' per-layer collectives add, which part 2 counts as the stage's own.
 
     python benchmarks/bench_bound.py [--world-size 32] [--steps 5] [--preset tiny] [--stages 0,1,2,3]
 """
@@ -29,10 +34,13 @@ import time
 import torch
 from bench_step import Floors, _floor_work
 
+from zero_core import dist
 from zero_core.cluster import VirtualCluster, machine_cores
+from zero_core.context import current
 from zero_core.experiment import run_stage
 from zero_core.model import preset
-from zero_core.stages import TrainConfig
+from zero_core.stages import TrainConfig, Zero2
+from zero_core.stages.zero2_bucketed import BucketedZero2
 
 
 def floor_in_threads(config: TrainConfig, world_size: int, steps: int, stage: int, threads: int) -> float:
@@ -61,6 +69,30 @@ def cpu_per_step(config: TrainConfig, world_size: int, steps: int, stage: int, m
 
     run_stage(stage, world_size, steps, config, on_step=on_step, max_running=max_running)
     return (marks[steps - 2] - marks[0]) / (steps - 2)
+
+
+def cpu_and_collectives_per_step(
+    config: TrainConfig, world_size: int, steps: int, stage_class: type
+) -> tuple[float, float]:
+    """`stage_class` trained with one CPU slot: process CPU seconds per step over the steps after the first,
+    and rank 0's collectives per step (its ledger; the barriers that fence the steps left out)."""
+
+    def train() -> tuple[float, float]:
+        trainer = stage_class(config)
+        marks = []
+        for step in range(steps):
+            dist.barrier(tag=FENCE)
+            marks.append(time.process_time())
+            trainer.train_step(step, count_activations=False)
+        dist.barrier(tag=FENCE)
+        marks.append(time.process_time())
+        entries = current().ledger.entries
+        return (marks[-1] - marks[1]) / (steps - 1), sum(e.tag != FENCE for e in entries) / steps
+
+    return VirtualCluster(world_size, max_running=1).run(train)[0]
+
+
+FENCE = "bench fence"
 
 
 def main() -> None:
@@ -95,6 +127,16 @@ def main() -> None:
             )
     finally:
         floors.close()
+    plain = cpu_and_collectives_per_step(config, args.world_size, args.steps, Zero2)
+    bucketed = cpu_and_collectives_per_step(config, args.world_size, args.steps, BucketedZero2)
+    print("\nwhat a collective costs (one CPU slot)")
+    print("stage               collectives/rank/step  CPU/step")
+    for name, (cpu, collectives) in (("ZeRO-2", plain), ("ZeRO-2, bucketed", bucketed)):
+        print(f"{name:18s}  {collectives:21.0f}  {cpu:7.3f}s")
+    fewer = plain[1] - bucketed[1]
+    if fewer > 0:
+        saved = (plain[0] - bucketed[0]) / fewer / args.world_size
+        print(f"each collective fewer saves a rank {saved * 1e6:.0f} us of CPU per step")
 
 
 if __name__ == "__main__":

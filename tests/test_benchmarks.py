@@ -1,0 +1,45 @@
+"""The benchmarks `make bench` runs still run: each at the smallest sizes, its tables read back.
+
+Their figures are measured, never asserted (the machines are shared): these tests check only that every
+table is printed whole, so that a change to the stages cannot quietly break `make bench`.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_benchmark(script: str, *args: str) -> str:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / script), *args],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def test_bench_step_prints_a_row_per_stage_and_the_targets() -> None:
+    out = run_benchmark(
+        "bench_step.py", "--world-sizes", "2", "--repeats", "1", "--steps", "3", "--preset", "micro", "--stages", "0,3"
+    )
+    rows = [line.split()[0] for line in out.splitlines() if line.startswith("ZeRO-")]
+    assert rows == ["ZeRO-0", "ZeRO-3"], out
+    assert "N = 2: worst" in out and "the code's own bound, CPU x" in out, out
+
+
+def test_bench_bound_prints_its_three_ratios_and_what_a_collective_costs() -> None:
+    out = run_benchmark("bench_bound.py", "--world-size", "4", "--steps", "3", "--preset", "micro", "--stages", "3")
+    ratios = [line for line in out.splitlines() if line.startswith("ZeRO-3 ")]
+    assert len(ratios) == 1 and ratios[0].count("x") == 3, out
+    plain, bucketed = (
+        int(line.split()[-2]) for line in out.splitlines() if line.startswith(("ZeRO-2 ", "ZeRO-2, bucketed"))
+    )
+    assert bucketed < plain, out
+    assert "each collective fewer saves a rank" in out, out
