@@ -83,6 +83,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_collectives.py
 	$(PY) benchmarks/bench_step.py --world-sizes 8,32,128,256 --compare-world-size 256
 	$(PY) benchmarks/bench_bound.py
+	$(PY) benchmarks/bench_slots.py
 	$(PY) benchmarks/bench_grading.py
 	$(PY) benchmarks/crosscheck_pytorch.py
 	$(PY) benchmarks/bench_memory_audit.py

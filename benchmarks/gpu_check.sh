@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # What only a GPU machine can show, in one run (a few minutes): the CUDA path's tests, the real backend's
 # tests on the machine's own torch, an NCCL launch beside the virtual ranks, and the virtual cluster's step
-# time on the machine's cores (bench_step, with `compare` at N = 256) and what bounds it there (bench_bound).
+# time on the machine's cores (bench_step, with `compare` at N = 256), what bounds it there (bench_bound) and
+# how many rank threads should run at once on them (bench_slots).
 # Run from the repository root with the machine's Python:
 #     bash benchmarks/gpu_check.sh [python]
 # The course's code runs from the checkout (PYTHONPATH=.); nothing is installed.
@@ -35,3 +36,6 @@ section "step time of the virtual cluster on $(nproc) cores (N = 32, tiny), and 
 
 section "what bounds a stage on $(nproc) cores (N = 32, tiny)"
 "$PY" benchmarks/bench_bound.py --world-size 32
+
+section "how many rank threads should run at once on $(nproc) cores (N = 32, tiny)"
+"$PY" benchmarks/bench_slots.py --world-size 32 --stages 0,3 --slots 1,2,3,4,5,9,17

@@ -43,3 +43,12 @@ def test_bench_bound_prints_its_three_ratios_and_what_a_collective_costs() -> No
     )
     assert bucketed < plain, out
     assert "each collective fewer saves a rank" in out, out
+
+
+def test_bench_slots_prints_each_stage_over_the_slot_counts_and_names_the_fastest() -> None:
+    out = run_benchmark("bench_slots.py", "--world-size", "4", "--steps", "3", "--preset", "micro", "--stages", "1")
+    header = next(line for line in out.splitlines() if line.startswith("stage "))
+    counts = header.count(" slots")
+    assert counts >= 2 and "*" in header, out  # 1 and 2 slots at least, and the default marked
+    row = next(line for line in out.splitlines() if line.startswith("ZeRO-1 "))
+    assert row.count("cpu") == counts and "the default takes" in row, out

@@ -1,0 +1,74 @@
+"""How many rank threads should run at once on this machine? Each stage at N = 32 with 1, 2, 3, ... CPU slots.
+
+A `VirtualCluster` lets at most `max_running` rank threads run their own code at a time (its CPU slots;
+by default one per core, plus one). More slots let one rank compute while another waits for the
+interpreter lock; too many trade that lock back and forth at every tensor operation, and every trade
+costs CPU. Where the best count lies depends on the machine's cores and how fast it hands the lock
+over, so this measures it: per stage and slot count, the cluster's step time and the process's CPU
+seconds per step (the steps between the first and the audited last), in one run, with the default's
+column marked and each stage's fastest count named.
+
+    python benchmarks/bench_slots.py [--world-size 32] [--steps 5] [--preset tiny] [--stages 0,1,2,3]
+                                     [--slots 1,2,3,5,9,17]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from zero_core.cluster import VirtualCluster, machine_cores
+from zero_core.experiment import run_stage
+from zero_core.model import preset
+from zero_core.stages import TrainConfig
+
+
+def step_and_cpu(config: TrainConfig, stage: int, world_size: int, steps: int, slots: int) -> tuple[float, float]:
+    """(the cluster's wall time per step, process CPU seconds per step) with `slots` CPU slots."""
+    marks: dict[int, float] = {}
+
+    def on_step(step: int) -> None:
+        marks[step] = time.process_time()
+
+    report = run_stage(stage, world_size, steps, config, on_step=on_step, max_running=slots)
+    return report.typical_step_seconds, (marks[steps - 2] - marks[0]) / (steps - 2)
+
+
+def main() -> None:
+    default = VirtualCluster(1).max_running
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--world-size", type=int, default=32)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--preset", default="tiny")
+    parser.add_argument("--stages", default="0,1,2,3")
+    parser.add_argument("--slots", default="1,2,3,5,9,17", help="slot counts to try (the default is added)")
+    args = parser.parse_args()
+    if args.steps < 3:
+        parser.error("--steps must be at least 3: the first step warms up and the last is audited")
+    try:
+        stages = [int(s) for s in args.stages.split(",")]
+        counts = sorted({int(s) for s in args.slots.split(",")} | {default})
+    except ValueError:
+        parser.error("--stages and --slots take numbers separated by commas")
+    counts = [k for k in counts if 1 <= k <= args.world_size]
+    config = TrainConfig(model=preset(args.preset))
+    torch.set_num_threads(1)
+    print(
+        f"preset {args.preset}, N = {args.world_size}, {len(machine_cores())} cores; per slot count, the step time "
+        f"and the CPU seconds per step (* the default, {default} slots)"
+    )
+    print("stage   " + "  ".join(f"{f'{k} slots' + ('*' if k == default else ''):>17s}" for k in counts) + "  fastest")
+    for stage in stages:
+        measured = {k: step_and_cpu(config, stage, args.world_size, args.steps, k) for k in counts}
+        fastest = min(counts, key=lambda k: measured[k][0])
+        cells = "  ".join(f"{seconds:7.3f}s {cpu:6.2f}cpu" for seconds, cpu in measured.values())
+        print(
+            f"ZeRO-{stage}  {cells}  {fastest} slots "
+            f"(the default takes {measured[default][0] / measured[fastest][0]:.2f}x its time)"
+        )
+
+
+if __name__ == "__main__":
+    main()
