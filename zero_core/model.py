@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
+from types import MappingProxyType
 
 import torch
 import torch.nn as nn
@@ -201,24 +203,27 @@ def model_skeleton(config: GPTConfig, seed: int = 0) -> GPT:
     return _copy_module(_template(config, seed), share_parameters=True)
 
 
-_INITIAL_VALUES: dict[tuple[GPTConfig, int], dict[str, torch.Tensor]] = {}
+_INITIAL_VALUES: dict[tuple[GPTConfig, int], Mapping[str, torch.Tensor]] = {}
 
 
-def initial_values(config: GPTConfig, seed: int = 0) -> dict[str, torch.Tensor]:
+def initial_values(config: GPTConfig, seed: int = 0) -> Mapping[str, torch.Tensor]:
     """Per parameter layer (`parameter_layers` order), its parameters flattened into one fp32 tensor: the
     values every rank starts from, the unit a stage partitions.
 
     Made once per process, outside the calling rank's dispatch modes, like the template they come from,
-    and shared by every caller: read them, copy what you keep, never write into them.
+    and shared by every caller (the table itself is read-only): read them, copy what you keep, never write
+    into them.
     """
     template = _template(config, seed)
     with _TEMPLATES_LOCK:
         if (config, seed) not in _INITIAL_VALUES:
             with _disable_current_modes(), torch.no_grad():
-                _INITIAL_VALUES[config, seed] = {
-                    name: torch.cat([p.reshape(-1) for p in module.parameters()])
-                    for name, module in parameter_layers(template)
-                }
+                _INITIAL_VALUES[config, seed] = MappingProxyType(
+                    {
+                        name: torch.cat([p.reshape(-1) for p in module.parameters()])
+                        for name, module in parameter_layers(template)
+                    }
+                )
         return _INITIAL_VALUES[config, seed]
 
 

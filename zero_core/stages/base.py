@@ -20,7 +20,7 @@ weight and bias are flattened together and split by a `FlatPartition`. `Replicat
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
@@ -206,7 +206,7 @@ class ZeroStage:
 
     # -- what a stage implements ---------------------------------------------------------------------
 
-    def setup(self, model: nn.Module, initial: dict[str, torch.Tensor]) -> None:
+    def setup(self, model: nn.Module, initial: Mapping[str, torch.Tensor]) -> None:
         raise NotImplementedError
 
     def sync_gradients(self) -> None:
@@ -329,7 +329,7 @@ class ReplicatedStage(ZeroStage):
     reduce the gradients and which slice each rank updates.
     """
 
-    def setup(self, model: nn.Module, initial: dict[str, torch.Tensor]) -> None:
+    def setup(self, model: nn.Module, initial: Mapping[str, torch.Tensor]) -> None:
         self.params: dict[str, torch.Tensor] = {}
         self.grads: dict[str, torch.Tensor] = {}
         for layer in self.layers:

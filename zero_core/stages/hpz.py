@@ -22,6 +22,8 @@ Every value is ZeRO-3's bit for bit: gathers copy, and the gradient path is ZeRO
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 import torch.nn as nn
 
@@ -97,7 +99,7 @@ class HpzZero3(Zero3):
         self.gpus_per_node, self.node_group, _ = this_ranks_groups(gpus_per_node)
         super().__init__(config, functions)
 
-    def setup(self, model: nn.Module, initial: dict[str, torch.Tensor]) -> None:
+    def setup(self, model: nn.Module, initial: Mapping[str, torch.Tensor]) -> None:
         super().setup(model, initial)
         for shard in self.shards.values():
             shard.attach_node(self.node_group)

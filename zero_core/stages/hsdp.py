@@ -29,6 +29,8 @@ within the dtype's rounding of the gradient (`tests/test_hsdp.py` states the bou
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 import torch.nn as nn
 
@@ -139,7 +141,7 @@ class HybridZero3(Zero3):
     def master_range(self, layer: Layer) -> tuple[int, int]:
         return layer.partition.owned_range(self.shard_rank)
 
-    def setup(self, model: nn.Module, initial: dict[str, torch.Tensor]) -> None:
+    def setup(self, model: nn.Module, initial: Mapping[str, torch.Tensor]) -> None:
         self.shards: dict[str, LayerShard] = {}
         self.in_flight = ShardGroupReduceScatter(
             self.tracker, self.shard_group, self.replica_group, overlap=self.overlap_reduce_scatter

@@ -19,6 +19,8 @@ unchanged, which costs 2Ψ/N more GPU memory than the paper's count and nothing 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 import torch.nn as nn
 
@@ -48,7 +50,7 @@ class OffloadZero2(Zero2):
         """`gpus_per_node` is accepted like the node stages' and unused: PCIe is per GPU."""
         super().__init__(config, functions)
 
-    def setup(self, model: nn.Module, initial: dict[str, torch.Tensor]) -> None:
+    def setup(self, model: nn.Module, initial: Mapping[str, torch.Tensor]) -> None:
         super().setup(model, initial)
         for tensor, category in (
             (self.optimizer.master, memory.HOST_MASTER),

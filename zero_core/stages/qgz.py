@@ -27,6 +27,8 @@ of their block's scale/2) / N (`tests/test_zeropp.py` checks this bound, and the
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 import torch.nn as nn
 
@@ -148,7 +150,7 @@ class QgzZero3(Zero3):
         self.gpus_per_node, self.node_group, self.replica_group = this_ranks_groups(gpus_per_node)
         super().__init__(config, functions)
 
-    def setup(self, model: nn.Module, initial: dict[str, torch.Tensor]) -> None:
+    def setup(self, model: nn.Module, initial: Mapping[str, torch.Tensor]) -> None:
         super().setup(model, initial)
         use_quantized_gradients(self, self.node_group, self.replica_group, self.reduce_scatter_class)
 

@@ -14,6 +14,8 @@ parameter, 2Ψ per step. What changes is *when* the gradient is reduced, and so 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -79,7 +81,7 @@ class Zero2(Zero1):
     shard_class: type[LayerShard] = LayerShard
     """What holds a rank's part of each layer; a variant stage (bucketed, prefetching) swaps in a subclass."""
 
-    def setup(self, model: nn.Module, initial: dict[str, torch.Tensor]) -> None:
+    def setup(self, model: nn.Module, initial: Mapping[str, torch.Tensor]) -> None:
         self.params: dict[str, torch.Tensor] = {}
         self.shards: dict[str, LayerShard] = {}
         self.in_flight = InFlightReduceScatter(self.tracker, overlap=self.overlap_reduce_scatter)

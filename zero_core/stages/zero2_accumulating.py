@@ -20,7 +20,7 @@ step s is the data of step `accumulation_data_step(s, j, k)`; with k = 1 the dat
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
@@ -70,7 +70,7 @@ class AccumulatingZero2(Zero2):
     """None: no clipping (and no norm all-reduce)."""
     shard_class = AccumulatingLayerShard
 
-    def setup(self, model: nn.Module, initial: dict[str, torch.Tensor]) -> None:
+    def setup(self, model: nn.Module, initial: Mapping[str, torch.Tensor]) -> None:
         super().setup(model, initial)
         accumulate = named_object(type(self).ACCUMULATE)
         for shard in self.shards.values():

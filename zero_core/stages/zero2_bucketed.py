@@ -10,6 +10,7 @@ flight while backward computed.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -42,7 +43,7 @@ class BucketedZero2(Zero2):
     """PyTorch DDP's default `bucket_cap_mb`: 25 MiB."""
     shard_class = BucketedLayerShard
 
-    def setup(self, model: nn.Module, initial: dict[str, torch.Tensor]) -> None:
+    def setup(self, model: nn.Module, initial: Mapping[str, torch.Tensor]) -> None:
         super().setup(model, initial)
         backward_order = [self.shards[layer.name] for layer in reversed(self.layers)]
         for shard in backward_order:

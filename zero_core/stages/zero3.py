@@ -16,6 +16,8 @@ parallelism (ZeRO §7.2.2), in three times as many collectives as layers.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 import torch.nn as nn
 
@@ -59,7 +61,7 @@ class Zero3(Zero2):
         nn.LayerNorm: GatherLayerNorm,
     }
 
-    def setup(self, model: nn.Module, initial: dict[str, torch.Tensor]) -> None:
+    def setup(self, model: nn.Module, initial: Mapping[str, torch.Tensor]) -> None:
         self.shards: dict[str, LayerShard] = {}
         self.in_flight = InFlightReduceScatter(self.tracker, overlap=self.overlap_reduce_scatter)
         for layer in self.layers:

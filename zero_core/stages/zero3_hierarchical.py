@@ -20,7 +20,7 @@ beyond the gathered layer and what outlives it (`GatherCall`), for runs that ask
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import torch
@@ -90,7 +90,7 @@ class HierarchicalZero3(Zero3):
         self.gpus_per_node, self.node_group, self.cross_group = this_ranks_groups(gpus_per_node)
         super().__init__(config, functions)
 
-    def setup(self, model: nn.Module, initial: dict[str, torch.Tensor]) -> None:
+    def setup(self, model: nn.Module, initial: Mapping[str, torch.Tensor]) -> None:
         super().setup(model, initial)
         all_gather = named_object(type(self).ALL_GATHER)
         for shard in self.shards.values():

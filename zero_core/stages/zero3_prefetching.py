@@ -15,6 +15,7 @@ recompute forward inside backward, an order no fixed window follows, so this sta
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -51,7 +52,7 @@ class PrefetchingZero3(Zero3):
     """k: how many layers ahead of the one computing the gathers run (0: on demand, as `Zero3`)."""
     shard_class = PrefetchingLayerShard
 
-    def setup(self, model: nn.Module, initial: dict[str, torch.Tensor]) -> None:
+    def setup(self, model: nn.Module, initial: Mapping[str, torch.Tensor]) -> None:
         if self.config.model.activation_checkpointing:
             raise ValueError(
                 "PrefetchingZero3 prefetches in forward order, then in reverse: activation checkpointing "

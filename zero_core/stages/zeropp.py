@@ -22,6 +22,8 @@ Training is within qwZ's and qgZ's tolerances of ZeRO-0, not bit-identical (`tes
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 import torch.nn as nn
 
@@ -73,7 +75,7 @@ class ZeroppZero3(HpzZero3):
         self.replica_group: dist.ProcessGroup = this_ranks_groups(gpus_per_node)[2]
         super().__init__(config, functions, gpus_per_node=gpus_per_node)
 
-    def setup(self, model: nn.Module, initial: dict[str, torch.Tensor]) -> None:
+    def setup(self, model: nn.Module, initial: Mapping[str, torch.Tensor]) -> None:
         super().setup(model, initial)
         use_quantized_gradients(self, self.node_group, self.replica_group, QgzZero3.reduce_scatter_class)
 
