@@ -59,6 +59,8 @@ def test_training_leaves_the_shared_initial_values_as_they_were(stage: int | str
     shared = initial_values(config.model, config.seed)
     run_stage(stage, 4, 2, config, gpus_per_node=2)
     assert initial_values(config.model, config.seed) is shared
+    with pytest.raises(TypeError):
+        shared["wte"] = torch.zeros(1)  # type: ignore[index]
     model = build_model(config.model, config.seed)
     for name, module in parameter_layers(model):
         assert torch.equal(shared[name], torch.cat([p.detach().reshape(-1) for p in module.parameters()])), name
