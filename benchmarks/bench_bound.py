@@ -71,6 +71,10 @@ def cpu_per_step(config: TrainConfig, world_size: int, steps: int, stage: int, m
     return (marks[steps - 2] - marks[0]) / (steps - 2)
 
 
+FENCE = "bench fence"
+"""The tag of the barriers that fence part 4's steps, left out of its count of the stage's collectives."""
+
+
 def cpu_and_collectives_per_step(
     config: TrainConfig, world_size: int, steps: int, stage_class: type
 ) -> tuple[float, float]:
@@ -90,9 +94,6 @@ def cpu_and_collectives_per_step(
         return (marks[-1] - marks[1]) / (steps - 1), sum(e.tag != FENCE for e in entries) / steps
 
     return VirtualCluster(world_size, max_running=1).run(train)[0]
-
-
-FENCE = "bench fence"
 
 
 def main() -> None:
