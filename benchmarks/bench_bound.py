@@ -59,16 +59,18 @@ def floor_in_threads(config: TrainConfig, world_size: int, steps: int, stage: in
     return statistics.median(max(wall for wall, _ in step) for step in list(zip(*per_worker, strict=True))[1:])
 
 
-def cpu_per_step(config: TrainConfig, world_size: int, steps: int, stage: int, max_running: int | None) -> float:
-    """Process CPU seconds per step over the steps between the first and the last (the audited one), with
-    `max_running` CPU slots (None: the cluster's default)."""
+def step_and_cpu(
+    config: TrainConfig, world_size: int, steps: int, stage: int, max_running: int | None
+) -> tuple[float, float]:
+    """With `max_running` CPU slots (None: the cluster's default): the cluster's wall time per step and the
+    process's CPU seconds per step, both over the steps between the first and the last (the audited one)."""
     marks: dict[int, float] = {}
 
     def on_step(step: int) -> None:
         marks[step] = time.process_time()
 
-    run_stage(stage, world_size, steps, config, on_step=on_step, max_running=max_running)
-    return (marks[steps - 2] - marks[0]) / (steps - 2)
+    report = run_stage(stage, world_size, steps, config, on_step=on_step, max_running=max_running)
+    return report.typical_step_seconds, (marks[steps - 2] - marks[0]) / (steps - 2)
 
 
 FENCE = "bench fence"
@@ -120,8 +122,8 @@ def main() -> None:
             one = floors.measure(config, args.world_size, args.steps, stage, 1)
             many = floors.measure(config, args.world_size, args.steps, stage, cores)
             threaded = floor_in_threads(config, args.world_size, args.steps, stage, cores)
-            alone = cpu_per_step(config, args.world_size, args.steps, stage, 1)
-            side_by_side = cpu_per_step(config, args.world_size, args.steps, stage, None)
+            _, alone = step_and_cpu(config, args.world_size, args.steps, stage, 1)
+            _, side_by_side = step_and_cpu(config, args.world_size, args.steps, stage, None)
             print(
                 f"ZeRO-{stage} {one.seconds:8.3f}s {threaded:9.3f}s {many.seconds:11.3f}s "
                 f"{threaded / many.seconds:17.2f}x  {alone / one.cpu_seconds:28.2f}x  {side_by_side / alone:22.2f}x"

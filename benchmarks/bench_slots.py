@@ -15,25 +15,13 @@ column marked and each stage's fastest count named.
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
+from bench_bound import step_and_cpu
 
 from zero_core.cluster import VirtualCluster, machine_cores
-from zero_core.experiment import run_stage
 from zero_core.model import preset
 from zero_core.stages import TrainConfig
-
-
-def step_and_cpu(config: TrainConfig, stage: int, world_size: int, steps: int, slots: int) -> tuple[float, float]:
-    """(the cluster's wall time per step, process CPU seconds per step) with `slots` CPU slots."""
-    marks: dict[int, float] = {}
-
-    def on_step(step: int) -> None:
-        marks[step] = time.process_time()
-
-    report = run_stage(stage, world_size, steps, config, on_step=on_step, max_running=slots)
-    return report.typical_step_seconds, (marks[steps - 2] - marks[0]) / (steps - 2)
 
 
 def main() -> None:
@@ -61,7 +49,7 @@ def main() -> None:
     )
     print("stage   " + "  ".join(f"{f'{k} slots' + ('*' if k == default else ''):>17s}" for k in counts) + "  fastest")
     for stage in stages:
-        measured = {k: step_and_cpu(config, stage, args.world_size, args.steps, k) for k in counts}
+        measured = {k: step_and_cpu(config, args.world_size, args.steps, stage, k) for k in counts}
         fastest = min(counts, key=lambda k: measured[k][0])
         cells = "  ".join(f"{seconds:7.3f}s {cpu:6.2f}cpu" for seconds, cpu in measured.values())
         print(
