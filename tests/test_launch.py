@@ -221,11 +221,17 @@ def fake_torchrun_env(rank: int, world_size: int, port: int = 1) -> dict[str, st
 
 def test_a_run_past_the_tests_limit_fails_with_the_ranks_stacks_and_leaves_no_rank_behind(tmp_path) -> None:
     """The limit of `torchrun` above: killing only torchrun's process group left the ranks (each in a session
-    of its own) running and holding the pipes, so reading what they printed waited for ever."""
+    of its own) running and holding the pipes, so reading what they printed waited for ever.
+
+    Rank 1 hangs on purpose and rank 0 waits for it far longer than the limit, so the run cannot end by
+    itself on any machine (10,000 steps of training, as this test once ran, finish on a fast one)."""
     marker = str(tmp_path / "endless.json")
+    endless = ["--stages", "0", "--steps", "3", "--timeout", "600", "--json", marker]
+    endless += ["--fail-rank", "1", "--fail-at-step", "1", "--fail-mode", "hang"]
     started = time.monotonic()
     with pytest.raises(pytest.fail.Exception, match="did not finish within 17 s") as failure:
-        torchrun(2, "--stages", "0", "--steps", "10000", "--json", marker, timeout_s=17.0)
+        done = torchrun(2, *endless, timeout_s=17.0)
+        print(f"the endless run ended by itself, exit code {done.returncode}:\n{done.stderr[-3000:]}")
     assert time.monotonic() - started < 60
     assert "most recent call first" in str(failure.value)  # the ranks' stacks, printed 2 s in
     left = [p for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])]
@@ -310,7 +316,12 @@ def test_when_a_rank_dies_or_hangs_the_survivor_exits_non_zero_naming_the_collec
     finally:
         for process in ranks:
             process.kill()
-            process.communicate()
+        _, failing_err = ranks[1].communicate()
+        ranks[0].communicate()
+    # rank 1 failed the way it was told to, not some other way (it once died of an AttributeError at setup)
+    doing = {"exit": "exiting", "hang": "hanging"}[mode]
+    assert f"rank 1: {doing} at step 2 on purpose (--fail-rank)" in failing_err, failing_err[-3000:]
+    assert "Traceback" not in failing_err, failing_err[-3000:]
     assert ranks[0].returncode == 1
     assert elapsed < bound_s
     lines = [line for line in err.splitlines() if line.strip()]

@@ -194,7 +194,10 @@ def test_the_gradebook_and_the_batch_grader_give_the_same_points(course: Path, a
     for student in ("alice", "bob", "carol"):
         path = course / "out" / "submitted" / student / assignment / f"{assignment}.ipynb"
         if path.exists():
-            assert total(grade_notebook(path))[0] == scores[student], student
+            results = grade_notebook(path)
+            assert total(results)[0] == scores[student], f"{student}:\n" + "\n".join(
+                f"{r.name}: {r.points}/{r.max_points} {r.message}" for r in results
+            )
 
 
 @pytest.mark.parametrize("assignment", PER_ASSIGNMENT)

@@ -15,7 +15,8 @@ import time
 
 import torch
 
-from zero_core.backends.base import Backend, Finish, ReduceOp
+from zero_core.backends.base import Finish, ReduceOp
+from zero_core.backends.torch_distributed import TorchBackend
 from zero_core.cluster import CollectiveCall
 from zero_core.context import current
 
@@ -24,13 +25,16 @@ HANG_S = 3600.0
 
 
 class FaultyBackend:
-    """`inner`, until this rank's first collective of step `fail_at_step`, where it exits or hangs (`mode`)."""
+    """`inner`, until this rank's first collective of step `fail_at_step`, where it exits or hangs (`mode`).
 
-    def __init__(self, inner: Backend, fail_at_step: int, mode: str) -> None:
+    It stands in for `inner` everywhere, so it has each attribute a rank reads from its backend (`device`
+    too: a rank without it died at setup, before the step it was told to fail at)."""
+
+    def __init__(self, inner: TorchBackend, fail_at_step: int, mode: str) -> None:
         if mode not in ("exit", "hang"):
             raise ValueError(f"mode must be 'exit' or 'hang', got {mode!r}")
         self.inner, self.fail_at_step, self.mode = inner, fail_at_step, mode
-        self.name, self.rank, self.world_size = inner.name, inner.rank, inner.world_size
+        self.name, self.rank, self.world_size, self.device = inner.name, inner.rank, inner.world_size, inner.device
 
     def _maybe_fail(self) -> None:
         step = current().step
