@@ -146,6 +146,23 @@ def test_summaries_per_rank_and_per_step_add_up_the_entries():
     assert ledger.mean_bytes_sent(step=2) == one_all_reduce + one_all_gather
 
 
+def test_collective_seconds_add_up_the_collectives_of_the_steps_asked_for_without_host_copies():
+    def fn():
+        for step in range(3):
+            current().step = step
+            dist.all_reduce(torch.ones(40), tag="grads")
+            dist.copy_to_host(torch.zeros(40), torch.ones(40), tag="offload")
+
+    cluster = VirtualCluster(2)
+    cluster.run(fn)
+    ledger = cluster.ledger
+    for steps in ([0, 2], [1]):
+        per_step = sum(ledger.rank_summary(r, step=k).seconds for r in range(2) for k in steps)
+        every_entry = sum(e.seconds for r in ledger.ranks for e in r.entries if e.step in steps)
+        assert ledger.collective_seconds(steps) == pytest.approx(per_step)
+        assert 0 < ledger.collective_seconds(steps) < every_entry  # the host copies took time, and are left out
+
+
 def test_phases_label_ledger_entries():
     def fn():
         with phase("backward"):

@@ -274,9 +274,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def spawn_ranks(world_size: int, *args: str, only_rank: int | None = None) -> list[subprocess.Popen]:
+def spawn_ranks(
+    world_size: int, *args: str, only_rank: int | None = None, port: int | None = None
+) -> list[subprocess.Popen]:
     """The processes torchrun would start, started by hand: nobody kills the survivors but themselves."""
-    port = free_port()
+    port = port or free_port()
     command = [sys.executable, "-m", "zero_core.launch", "--preset", "micro", "--no-progress", *args]
     return [
         subprocess.Popen(
@@ -342,6 +344,32 @@ def test_a_rank_that_never_starts_stops_the_others_after_the_timeout() -> None:
     assert time.monotonic() - started < 30
     assert err.strip().count("\n") == 0, err
     assert "rank 0: could not join the process group within 5 s" in err
+
+
+def test_a_port_already_taken_is_named_at_once_not_waited_for() -> None:
+    with socket.socket() as taken:
+        taken.bind(("localhost", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        (rank0,) = spawn_ranks(2, "--stage", "3", "--timeout", "60", only_rank=0, port=port)
+        try:
+            _, err = rank0.communicate(timeout=60)
+        finally:
+            rank0.kill()
+    assert rank0.returncode == 1
+    assert err.strip().count("\n") == 0, err
+    assert "rank 0: could not join the process group (" in err and f"is MASTER_PORT {port} free" in err, err
+    assert "within 60 s" not in err
+
+
+def test_a_report_longer_than_the_timeout_still_ends_the_run_well(tmp_path) -> None:
+    """Rank 0 reports alone after the last collective (`--check-virtual` trains every stage again): the
+    other ranks do not wait for it under the group's timeout, which the report here outlasts on purpose."""
+    report = tmp_path / "run.json"
+    options = ["--stages", "0", "--steps", "2", "--timeout", "4", "--slow-report", "7", "--json", str(report)]
+    done = torchrun(2, *options, timeout_s=60.0)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(report.read_text())["world_size"] == 2
 
 
 def test_stacks_after_prints_where_a_waiting_rank_is() -> None:

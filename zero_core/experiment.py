@@ -350,10 +350,7 @@ def build_report(
         flops_per_step_mean={p: sum(r.flops[p] for r in results) / n for p in PHASES},
         step_seconds=step_seconds,
         typical_step_seconds=cluster_step_seconds(steps, results, shared_clock=shared_clock),
-        collective_seconds_per_step_mean=sum(
-            ledger.rank_summary(r, step=k).seconds for r in range(n) for k in timed_steps(steps)
-        )
-        / (n * len(timed_steps(steps))),
+        collective_seconds_per_step_mean=ledger.collective_seconds(timed_steps(steps)) / (n * len(timed_steps(steps))),
         master_weights=assemble_master_weights([r.master for r in results]),
         ledger=ledger,
         trackers=list(trackers),

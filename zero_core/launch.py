@@ -21,6 +21,7 @@ import faulthandler
 import os
 import signal
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,6 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fail-rank", type=int, default=-1, help=argparse.SUPPRESS)
     p.add_argument("--fail-at-step", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--fail-mode", default="exit", choices=["exit", "hang"], help=argparse.SUPPRESS)
+    p.add_argument("--slow-report", type=float, default=0.0, help=argparse.SUPPRESS)  # rank 0 first sleeps SECONDS
     return p
 
 
@@ -233,7 +235,12 @@ def run(args: argparse.Namespace, env: TorchrunEnv, stages: list[int]) -> int:
     quiet = args.no_progress or not lead
     with tqdm(total=total, desc="training", unit="step", disable=quiet, file=sys.stderr, leave=False) as bar:
         trained = [train_stage(stage, config, args.steps, backend, bar if lead else None) for stage in stages]
+    # Every collective is done: a barrier outside the ledger, then the other ranks leave (`leave`) while rank 0
+    # reports alone. They used to wait for its output in a barrier after it, under the group's timeout, which
+    # a long report outlasts (`--check-virtual` trains every stage again), failing a finished run.
+    torch_dist.barrier()
     if lead:
+        time.sleep(args.slow_report)  # a report that outlasts --timeout, for the tests
         reports = [report for report, _ in trained]
         cuda_peaks = [peaks for _, peaks in trained]
         reference = next((r for r in reports if r.stage == 0), reports[0])
@@ -257,9 +264,6 @@ def run(args: argparse.Namespace, env: TorchrunEnv, stages: list[int]) -> int:
         if args.save:
             save_runs(Path(args.save), backend, reports)
             print(f"\nwrote {args.save}")
-    # Every rank leaves together, once rank 0 has written its output (a barrier outside the ledger): a
-    # rank that tore down its gloo group while rank 0 still had it open was seen to abort at exit.
-    torch_dist.barrier()
     return 0
 
 
@@ -319,8 +323,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def leave(exit_code: int) -> None:
     """Exit without the interpreter's finalization and without destroying the process group, once every
-    rank has passed the closing barrier (or one has failed) and every file is written and closed; only the
-    standard streams remain to flush.
+    rank has passed the closing barrier (or one has failed) and every file it writes is written and closed;
+    only the standard streams remain to flush.
 
     Tearing torch down in the process has failed a finished run in two ways, both on gloo:
     - at the interpreter's exit, in about one run in twenty, a rank aborted ("terminate called without an

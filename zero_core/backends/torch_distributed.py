@@ -35,7 +35,9 @@ collective that fails (a peer died, or did not arrive within the process group's
 
 from __future__ import annotations
 
+import os
 import re
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -219,10 +221,17 @@ def join_process_group(backend: str = "auto", timeout_s: float = 30.0, local_ran
     timeout = timedelta(seconds=timeout_s)
     has_gpu = torch.cuda.is_available() and local_rank < torch.cuda.device_count()
     every_rank_has_gpu = torch.tensor([int(has_gpu)])
+    started = time.monotonic()
     try:
         torch_dist.init_process_group("gloo", timeout=timeout)
         torch_dist.all_reduce(every_rank_has_gpu, op=torch_dist.ReduceOp.MIN)
     except RuntimeError as error:
+        if time.monotonic() - started < timeout_s / 2:  # not a wait that ran out: say what failed, not how long
+            port, address = os.environ.get("MASTER_PORT"), os.environ.get("MASTER_ADDR")
+            raise CollectiveFailed(
+                f"could not join the process group ({error_gist(error)}); is MASTER_PORT {port} free, and "
+                f"MASTER_ADDR {address} this machine or one it can reach?"
+            ) from error
         raise CollectiveFailed(
             f"could not join the process group within {timeout_s:g} s ({error_gist(error)}); did every rank start?"
         ) from error
