@@ -68,6 +68,13 @@ def _add_limits(parser: argparse.ArgumentParser) -> None:
 
 def run_check_command(args: argparse.Namespace) -> int:
     path = Path(args.notebook)
+    if path.is_dir():
+        inside = sorted([*path.glob("ex0*.ipynb"), *path.glob("*/ex0*.ipynb")])  # two levels: never a long walk
+        example = f" (like {inside[0]})" if inside else ""
+        raise UsageError(
+            f"{path} is a folder: check takes one notebook{example}; "
+            "`python -m autograder grade DIR` grades a class, one folder per student"
+        )
     if not path.is_file():
         raise UsageError(f"no notebook at {path}")
     try:

@@ -77,6 +77,16 @@ def test_check_refuses_a_notebook_that_is_not_an_exercise(tmp_path: Path) -> Non
     assert "not one of the course's notebooks" in done.stderr
 
 
+def test_check_given_a_folder_says_it_takes_one_notebook_and_names_grade(tmp_path: Path) -> None:
+    done = run_autograder("check", str(tmp_path))
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert f"{tmp_path} is a folder: check takes one notebook" in done.stderr
+    assert "python -m autograder grade DIR" in done.stderr
+    done = run_autograder("check", "exercises")
+    assert f"(like {Path('exercises', 'ex01_collectives', 'ex01_collectives.ipynb')})" in done.stderr, done.stderr
+
+
 @pytest.fixture
 def fake_class(tmp_path: Path) -> Path:
     """nbgrader's submitted/ layout: alice is right, bob has one formula wrong, carol's file is not a notebook."""
