@@ -224,7 +224,7 @@ def test_a_run_past_the_tests_limit_fails_with_the_ranks_stacks_and_leaves_no_ra
     of its own) running and holding the pipes, so reading what they printed waited for ever.
 
     Rank 1 hangs on purpose and rank 0 waits for it far longer than the limit, so the run cannot end by
-    itself on any machine (10,000 steps of training, as this test once ran, finish on a fast one)."""
+    itself on any machine (with 10,000 steps of training instead, `torchrun` once ended within the limit on CI)."""
     marker = str(tmp_path / "endless.json")
     endless = ["--stages", "0", "--steps", "3", "--timeout", "600", "--json", marker]
     endless += ["--fail-rank", "1", "--fail-at-step", "1", "--fail-mode", "hang"]

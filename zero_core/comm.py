@@ -258,8 +258,8 @@ class CommLedger:
 
     def collective_seconds(self, steps: Collection[int]) -> float:
         """Seconds spent in collectives (host copies excluded) during `steps`, summed over every rank. One pass
-        over the entries: a summary per rank and step would read every entry once per step, which took a run
-        of 10,000 steps minutes to report."""
+        over the entries: a summary per rank and step reads every entry once per step, a time that grows with
+        the square of the steps (5 s of rank 0's report after 3,000 steps on two processes)."""
         wanted = set(steps)
         return sum(
             e.seconds for ledger in self.ranks for e in ledger.entries if e.step in wanted and e.op not in PCIE_OPS
