@@ -25,6 +25,8 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils.checkpoint import checkpoint
 
+from zero_core.partition import flatten
+
 DATA_FILE = "sonnets.txt"
 
 
@@ -220,7 +222,7 @@ def initial_values(config: GPTConfig, seed: int = 0) -> Mapping[str, torch.Tenso
             with _disable_current_modes(), torch.no_grad():
                 _INITIAL_VALUES[config, seed] = MappingProxyType(
                     {
-                        name: torch.cat([p.reshape(-1) for p in module.parameters()])
+                        name: flatten(list(module.parameters()))
                         for name, module in parameter_layers(template)
                     }
                 )
