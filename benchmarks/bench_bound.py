@@ -20,24 +20,40 @@ stage's own code, and in it, the collectives? Four measurements, ratios from one
    (`BucketedZero2`, exercise ex06's answer: the same bytes in fewer, larger collectives), both with one
    CPU slot. Their collectives per rank per step, their CPU per step, and the CPU one collective fewer
    saves a rank: the work the stages' per-layer collectives add, which part 2 counts as the stage's own.
+5. The interpreter lock: what no number of cores removes. Each stage trains in a child process with one CPU
+   slot while py-spy (`--gil`) samples, `LOCK_SAMPLING_HZ` times a second, the Python frames of the thread
+   that holds the lock. The samples inside the watched steps, over the rate, are the seconds per step some
+   rank held the lock: at most one thread holds it at a time, so a step on any number of cores lasts at
+   least that long. The one-core floor over it is then the most that any number of cores can speed a step
+   up over the one-core floor, to set against the 16-core target (`TARGET_SPEEDUP_ON_16_CORES`). py-spy
+   takes fewer samples than asked for when it falls behind, never more: if anything this undercounts the
+   lock's seconds, so the true bound is lower than the one printed. The lock is held while Python code runs;
+   torch lets go of it while a tensor operation computes, so compute is not in the bound.
 
-    python benchmarks/bench_bound.py [--world-size 32] [--steps 5] [--preset tiny] [--stages 0,1,2,3]
+    python benchmarks/bench_bound.py [--world-size 32] [--steps 5] [--lock-steps 8] [--preset tiny]
+                                     [--stages 0,1,2,3]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import shutil
 import statistics
+import subprocess
+import sys
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import torch
-from bench_step import Floors, _floor_work
+from bench_step import TARGET_SPEEDUP_ON_16_CORES, Floors, _floor_work
 
 from zero_core import dist
 from zero_core.cluster import VirtualCluster, machine_cores
 from zero_core.context import current
-from zero_core.experiment import run_stage
+from zero_core.experiment import make_stage, run_stage
 from zero_core.model import preset
 from zero_core.stages import TrainConfig, Zero2
 from zero_core.stages.zero2_bucketed import BucketedZero2
@@ -98,15 +114,80 @@ def cpu_and_collectives_per_step(
     return VirtualCluster(world_size, max_running=1).run(train)[0]
 
 
+LOCK_SAMPLING_HZ = 200
+
+
+def _steps_under_watch(trainer: object, steps: int) -> None:
+    """The steps part 5 counts: py-spy's samples whose stack passes through this function."""
+    for step in range(1, steps + 1):
+        trainer.train_step(step, count_activations=False)
+
+
+def lock_child(stage: int, world_size: int, steps: int, preset_name: str, out: str) -> None:
+    """Part 5's child: train `stage` with one CPU slot, a warm-up step, then `steps` watched steps between
+    two barriers, and write their wall seconds to `out` as JSON."""
+    config = TrainConfig(model=preset(preset_name))
+    torch.set_num_threads(1)
+
+    def train() -> float:
+        trainer = make_stage(stage, config, None, None)
+        trainer.train_step(0, count_activations=False)
+        dist.barrier(tag=FENCE)
+        started = time.perf_counter()
+        _steps_under_watch(trainer, steps)
+        dist.barrier(tag=FENCE)
+        return time.perf_counter() - started
+
+    seconds = VirtualCluster(world_size, max_running=1).run(train)[0]
+    Path(out).write_text(json.dumps({"seconds": seconds}))
+
+
+def py_spy() -> str:
+    """The py-spy next to this Python (the venv's), else the one on PATH."""
+    beside = Path(sys.executable).with_name("py-spy")
+    found = str(beside) if beside.exists() else shutil.which("py-spy")
+    if found is None:
+        raise SystemExit("part 5 needs py-spy (a pinned requirement): run `make .venv/.installed` or pip install it")
+    return found
+
+
+def lock_seconds_per_step(stage: int, world_size: int, steps: int, preset_name: str) -> tuple[float, float]:
+    """Part 5 for one stage: (wall seconds per watched step, seconds per step some rank held the lock)."""
+    with tempfile.TemporaryDirectory() as scratch:
+        raw, out = Path(scratch, "samples.txt"), Path(scratch, "steps.json")
+        child = [sys.executable, __file__, "--lock-child", str(stage), "--world-size", str(world_size)]
+        child += ["--lock-steps", str(steps), "--preset", preset_name, "--lock-out", str(out)]
+        command = [py_spy(), "record", "--gil", "--nonblocking", "--rate", str(LOCK_SAMPLING_HZ), "--format", "raw"]
+        done = subprocess.run([*command, "-o", str(raw), "--", *child], capture_output=True, text=True, timeout=600)
+        if done.returncode != 0 or not out.exists() or not raw.exists():
+            raise SystemExit(
+                f"part 5: py-spy could not sample ZeRO-{stage}'s child (exit {done.returncode}): "
+                f"{(done.stderr.strip().splitlines() or ['no message'])[-1]}. On Linux py-spy needs leave to trace "
+                "its child (ptrace; containers may forbid it), on macOS root."
+            )
+        seconds = json.loads(out.read_text())["seconds"]
+        watched = f"{_steps_under_watch.__name__} ("
+        samples = sum(int(line.rsplit(" ", 1)[1]) for line in raw.read_text().splitlines() if watched in line)
+    return seconds / steps, samples / LOCK_SAMPLING_HZ / steps
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--world-size", type=int, default=32)
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--lock-steps", type=int, default=8, help="part 5's watched steps per stage")
     parser.add_argument("--preset", default="tiny")
     parser.add_argument("--stages", default="0,1,2,3")
+    parser.add_argument("--lock-child", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--lock-out", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.lock_child is not None:
+        lock_child(args.lock_child, args.world_size, args.lock_steps, args.preset, args.lock_out)
+        return
     if args.steps < 3:
         raise SystemExit("--steps must be at least 3: the first step warms up and the last is audited")
+    if args.lock_steps < 1:
+        raise SystemExit("--lock-steps must be at least 1")
     config = TrainConfig(model=preset(args.preset))
     cores = len(machine_cores())
     stages = [int(s) for s in args.stages.split(",")]
@@ -117,9 +198,11 @@ def main() -> None:
         f"{VirtualCluster(1).max_running}-slot CPU / one-slot"
     )
     floors = Floors(cores)
+    one_core_floor: dict[int, float] = {}
     try:
         for stage in stages:
             one = floors.measure(config, args.world_size, args.steps, stage, 1)
+            one_core_floor[stage] = one.seconds
             many = floors.measure(config, args.world_size, args.steps, stage, cores)
             threaded = floor_in_threads(config, args.world_size, args.steps, stage, cores)
             _, alone = step_and_cpu(config, args.world_size, args.steps, stage, 1)
@@ -140,6 +223,17 @@ def main() -> None:
     if fewer > 0:
         saved = (plain[0] - bucketed[0]) / fewer / args.world_size
         print(f"each collective fewer saves a rank {saved * 1e6:.0f} us of CPU per step")
+    print(f"\nthe interpreter lock (one CPU slot, {args.lock_steps} steps, py-spy --gil at {LOCK_SAMPLING_HZ} Hz):")
+    print("no number of cores makes a step shorter than the seconds some rank thread holds the lock in it")
+    print("stage   step     lock held  lock s/step  1-core floor  any cores: at most this much faster than it")
+    for stage in stages:
+        step, locked = lock_seconds_per_step(stage, args.world_size, args.lock_steps, args.preset)
+        bound = one_core_floor[stage] / locked if locked > 0 else float("inf")
+        verdict = "reachable" if bound >= TARGET_SPEEDUP_ON_16_CORES else "out of reach with rank threads"
+        print(
+            f"ZeRO-{stage}  {step:6.3f}s  {locked / step:8.0%}  {locked:10.3f}s  {one_core_floor[stage]:11.3f}s  "
+            f"{bound:5.1f}x (the 16-core target, {TARGET_SPEEDUP_ON_16_CORES:.0f}x: {verdict})"
+        )
 
 
 if __name__ == "__main__":

@@ -34,10 +34,14 @@ def test_bench_step_prints_a_row_per_stage_and_the_targets() -> None:
     assert "N = 2: worst" in out and "the code's own bound, CPU x" in out, out
 
 
-def test_bench_bound_prints_its_three_ratios_and_what_a_collective_costs() -> None:
-    out = run_benchmark("bench_bound.py", "--world-size", "4", "--steps", "3", "--preset", "micro", "--stages", "3")
-    ratios = [line for line in out.splitlines() if line.startswith("ZeRO-3 ")]
-    assert len(ratios) == 1 and ratios[0].count("x") == 3, out
+def test_bench_bound_prints_its_three_ratios_what_a_collective_costs_and_the_locks_bound() -> None:
+    out = run_benchmark(
+        "bench_bound.py", "--world-size", "4", "--steps", "3", "--lock-steps", "2", "--preset", "micro", "--stages", "3"
+    )
+    ratios, lock = [line for line in out.splitlines() if line.startswith("ZeRO-3 ")]
+    assert ratios.count("x") == 3, out
+    held = float(lock.split()[2].rstrip("%"))
+    assert 0 < held <= 100 and "the 16-core target" in lock, out  # py-spy saw the lock held in the watched steps
     plain, bucketed = (
         int(line.split()[-2]) for line in out.splitlines() if line.startswith(("ZeRO-2 ", "ZeRO-2, bucketed"))
     )
