@@ -379,6 +379,12 @@ def main() -> None:
         if n == max(world_sizes) and n > BIG_WORLD_SIZE:
             rest = max(r["rss"] - r["rank_peaks"] for r in results.values())
             print(f"  N = {n}: peak RSS beyond the sum of the ranks' peaks: at most {rest / 1e6:.0f} MB (a stage)")
+    if len(by_n) >= 2:
+        print(f"  peak RSS beyond the sum of the ranks' peaks, as a line through N = {', '.join(map(str, by_n))}:")
+        for stage in stages:
+            rest = [(n, (results[stage]["rss"] - results[stage]["rank_peaks"]) / 1e6) for n, results in by_n.items()]
+            per_rank, fixed = statistics.linear_regression(*zip(*rest, strict=True))
+            print(f"    ZeRO-{stage}: {fixed:.0f} MB {per_rank:+.2f} MB per rank")
     if compare is not None:
         floor_seconds, (seconds, rss), (seconds_alone, rss_alone) = compare
         ratio = seconds / floor_seconds

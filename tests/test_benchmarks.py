@@ -25,13 +25,15 @@ def run_benchmark(script: str, *args: str) -> str:
     return done.stdout
 
 
-def test_bench_step_prints_a_row_per_stage_and_the_targets() -> None:
-    out = run_benchmark(
-        "bench_step.py", "--world-sizes", "2", "--repeats", "1", "--steps", "3", "--preset", "micro", "--stages", "0,3"
-    )
+def test_bench_step_prints_a_row_per_stage_and_n_the_targets_and_the_overhead_per_rank() -> None:
+    sizes = ("--world-sizes", "2,3", "--repeats", "1", "--steps", "3")
+    out = run_benchmark("bench_step.py", *sizes, "--preset", "micro", "--stages", "0,3")
     rows = [line.split()[0] for line in out.splitlines() if line.startswith("ZeRO-")]
-    assert rows == ["ZeRO-0", "ZeRO-3"], out
-    assert "N = 2: worst" in out and "the code's own bound, CPU x" in out, out
+    assert rows == ["ZeRO-0", "ZeRO-3"] * 2, out
+    assert "N = 2: worst" in out and "N = 3: worst" in out and "the code's own bound, CPU x" in out, out
+    fits = [line.split() for line in out.splitlines() if line.startswith("    ZeRO-")]
+    assert [fit[0] for fit in fits] == ["ZeRO-0:", "ZeRO-3:"], out
+    assert all(fit[-3:] == ["MB", "per", "rank"] for fit in fits), out
 
 
 def test_bench_bound_prints_its_three_ratios_what_a_collective_costs_and_the_locks_bound() -> None:
