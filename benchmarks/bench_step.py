@@ -384,7 +384,8 @@ def main() -> None:
         for stage in stages:
             rest = [(n, (results[stage]["rss"] - results[stage]["rank_peaks"]) / 1e6) for n, results in by_n.items()]
             per_rank, fixed = statistics.linear_regression(*zip(*rest, strict=True))
-            print(f"    ZeRO-{stage}: {fixed:.0f} MB {per_rank:+.2f} MB per rank")
+            why = " (below zero: its ranks do not all peak at once, so the sum of their peaks overstates)"
+            print(f"    ZeRO-{stage}: {fixed:.0f} MB {per_rank:+.2f} MB per rank{why if per_rank < 0 else ''}")
     if compare is not None:
         floor_seconds, (seconds, rss), (seconds_alone, rss_alone) = compare
         ratio = seconds / floor_seconds
