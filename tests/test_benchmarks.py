@@ -57,4 +57,4 @@ def test_bench_slots_prints_each_stage_over_the_slot_counts_and_names_the_fastes
     counts = header.count(" slots")
     assert counts >= 2 and "*" in header, out  # 1 and 2 slots at least, and the default marked
     row = next(line for line in out.splitlines() if line.startswith("ZeRO-1 "))
-    assert row.count("cpu") == counts and "the default takes" in row, out
+    assert row.count("cpu") == row.count("MB") == counts and "the default takes" in row, out
