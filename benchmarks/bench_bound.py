@@ -90,7 +90,8 @@ def step_and_cpu(
 
 
 FENCE = "bench fence"
-"""The tag of the barriers that fence part 4's steps, left out of its count of the stage's collectives."""
+"""The tag of the barriers that fence the steps of parts 4 and 5; part 4 leaves them out of its count of the
+stage's collectives."""
 
 
 def cpu_and_collectives_per_step(
