@@ -37,9 +37,9 @@ def test_bench_step_prints_a_row_per_stage_and_n_the_targets_and_the_overhead_pe
 
 
 def test_bench_bound_prints_its_three_ratios_what_a_collective_costs_and_the_locks_bound() -> None:
-    out = run_benchmark(
-        "bench_bound.py", "--world-size", "4", "--steps", "3", "--lock-steps", "2", "--preset", "micro", "--stages", "3"
-    )
+    # 20 watched steps of 10-20 ms: 40-80 ticks at 200 Hz, so a lock held a quarter of the time is surely sampled
+    sizes = ("--world-size", "4", "--steps", "3", "--lock-steps", "20")
+    out = run_benchmark("bench_bound.py", *sizes, "--preset", "micro", "--stages", "3")
     ratios, lock = [line for line in out.splitlines() if line.startswith("ZeRO-3 ")]
     assert ratios.count("x") == 3, out
     held = float(lock.split()[2].rstrip("%"))
