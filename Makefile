@@ -9,7 +9,8 @@ PIP_OPTIONS ?=
 ASSIGNMENTS := ex01_collectives ex02_zero1_sharded_adam ex03_zero2_reduce_scatter_backward ex04_zero3_gather_linear \
 	ex05_memory_planning ex06_bucketed_overlap ex07_zero3_prefetch ex08_clip_and_accumulate ex09_hierarchical_allgather
 # nbgrader's own commands need the venv's bin on PATH (it runs alembic from there): nothing to activate.
-NBGRADER := PATH="$(abspath $(VENV))/bin:$$PATH" $(abspath $(VENV))/bin/nbgrader
+# The grading parents run as `python -I`: nothing from PYTHONPATH or a user site reaches them.
+NBGRADER := PATH="$(abspath $(VENV))/bin:$$PATH" $(abspath $(VENV))/bin/python -I -m nbgrader
 # JupyterLab refuses to run as root unless told it may (containers, CI).
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
 # Bounds for one notebook in the batch grader: a correct one takes seconds, a looping one costs these.
@@ -77,7 +78,7 @@ feedback: $(STAMP)
 	done
 
 grade: $(STAMP)
-	$(PY) -m autograder grade out/submitted --out out/grades.csv --feedback out/autograder-feedback $(GRADE_LIMITS)
+	$(PY) -I -m autograder grade out/submitted --out out/grades.csv --feedback out/autograder-feedback $(GRADE_LIMITS)
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_collectives.py

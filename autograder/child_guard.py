@@ -1,20 +1,18 @@
-"""What a grading child refuses the student's code, whatever it does: an audit hook (PEP 578).
+"""A tripwire in the grading child: an audit hook (PEP 578) that refuses what a submission should not ask for.
 
-Installed in the child after the grader's own imports and before the first solution cell runs, and
-impossible to remove from Python, the hook refuses:
+Installed in the child after the grader's own imports and before the first solution cell runs, the hook
+refuses:
 
-- starting any process (`subprocess`, `os.system`, `os.exec*`, `os.spawn*`, `os.posix_spawn`, `os.fork`),
-  so nothing the submission starts can outlive the child or edit files after the grade is written;
-- signalling any process but the child itself (`os.kill`, `os.killpg`, a group included): the grader
-  cannot be killed;
-- loading or calling native code through `ctypes`, the way around the two rules above;
+- starting any process (`subprocess`, `os.system`, `os.exec*`, `os.spawn*`, `os.posix_spawn`, `os.fork`);
+- signalling any process but the child itself (`os.kill`, `os.killpg`, a group included);
+- loading or calling native code through `ctypes`;
 - reading the course's answers and other students' work (`solutions/`, `tests/`, `.git`, `out/`, the
-  gradebook: `isolation.HIDDEN`, and the grades and feedback the grader writes), and writing anything
+  gradebook: `HIDDEN`, and the paths the grader names in `AUTOGRADER_PROTECTED`), and writing anything
   inside the course checkout or there.
 
-Where namespaces are available (`autograder.isolation`) the kernel enforces the same and more; the hook
-is what remains on a laptop. It stops code that asks Python; it cannot stop code that corrupts the
-interpreter itself, which is why the verdict is never made in this process.
+It is a tripwire, not a wall: code in the same interpreter can reach the hook through `gc`, and a foreign
+function library other than `ctypes` raises none of its events. The walls are the operating system's
+(`autograder.walls`); without them (`--no-walls`) this hook is all that is left, and grades say so.
 """
 
 from __future__ import annotations
@@ -24,7 +22,9 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
-from autograder.isolation import HIDDEN, ROOT
+ROOT = Path(__file__).resolve().parents[1]
+HIDDEN = ("solutions", "tests", ".git", "out", "gradebook.db")
+"""What the student's code may not read in the course checkout: answers, hidden tests, other students' work."""
 
 PROCESS_EVENTS = frozenset(
     {

@@ -13,6 +13,13 @@ so a notebook that loops, crashes or exits costs its own points and never stops 
 in the CSV, unless `--force`, but only rows this grader wrote: every row carries an HMAC-SHA256 signature
 with a key kept beside the CSV (`.<name>.key`, mode 0600, out of every submission's reach), and a row
 whose signature does not verify (edited, forged, from an older grader) is graded again.
+
+Walls: every child runs inside the operating system's walls (`autograder.walls`). `grade` refuses, in one
+line naming the fix, where they cannot be built, unless `--no-walls`, and then the CSV's `walls` column and
+every feedback file say so. `check` (a learner's own machine: macOS, WSL, a container) uses them where it
+can, runs without them where it cannot, and says which on its first line. `grade` runs as `python -I` (it
+starts itself again so when it was not): nothing from `PYTHONPATH` or a user site reaches the process that
+holds the signing key; and it refuses a venv or course folder that any user may write.
 """
 
 from __future__ import annotations
@@ -32,8 +39,9 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from autograder import walls
 from autograder.checks import CheckResult, format_points, print_results, total
-from autograder.sandbox import Limits, grade_notebook
+from autograder.sandbox import ROOT, Limits, grade_notebook
 from autograder.submission import EXERCISES, assignment_of, exercise_module, unreadable
 
 MiB = 2**20
@@ -43,8 +51,33 @@ class UsageError(Exception):
     """Input the command cannot use; shown as one line, exit code 2."""
 
 
-def _limits(args: argparse.Namespace) -> Limits:
-    return Limits(time_s=args.time_limit, memory_bytes=args.memory_limit_mb * MiB, check_time_s=args.check_time_limit)
+def _limits(args: argparse.Namespace, walled: bool) -> Limits:
+    return Limits(
+        time_s=args.time_limit, memory_bytes=args.memory_limit_mb * MiB, check_time_s=args.check_time_limit,
+        walls=walled,
+    )
+
+
+UNWALLED = "off (--no-walls): graded without walls"
+"""What the CSV's `walls` column and the feedback say of a grade made without walls."""
+
+
+def walls_for_grading(no_walls: bool) -> bool:
+    """Whether `grade` runs its children in walls: yes, or `UsageError` naming the fix; no only if asked.
+    Refuses, either way, a venv or course folder that any user may write."""
+    open_folders = walls.writable_by_others([Path(sys.prefix), ROOT])
+    if open_folders:
+        raise UsageError(
+            f"{open_folders[0]} may be written by any user, so a submission could leave code there that the "
+            "grader runs: chmod o-w it"
+        )
+    if no_walls:
+        return False
+    try:
+        walls.require()
+    except walls.WallsUnavailable as error:
+        raise UsageError(str(error)) from None
+    return True
 
 
 def _add_limits(parser: argparse.ArgumentParser) -> None:
@@ -84,8 +117,12 @@ def run_check_command(args: argparse.Namespace) -> int:
     problem = unreadable(path)
     if problem:
         raise UsageError(problem)
-    print(f"{assignment}: {path}")
-    results = grade_notebook(path, assignment, _limits(args))
+    built = walls.available()
+    if isinstance(built, walls.Walls):
+        print(f"{assignment}: {path} ({built.describe()})")
+    else:
+        print(f"{assignment}: {path} (walls off: {built}; your own code runs as you)")
+    results = grade_notebook(path, assignment, _limits(args, isinstance(built, walls.Walls)))
     print_results(results)
     points, max_points = total(results)
     print(f"total: {format_points(points)}/{format_points(max_points)} points")
@@ -168,8 +205,10 @@ def write_text_atomically(path: Path, text: str) -> None:
         raise
 
 
-def feedback_text(student: str, graded: dict[str, list[CheckResult]]) -> str:
+def feedback_text(student: str, graded: dict[str, list[CheckResult]], walled: bool = True) -> str:
     lines = [f"Feedback for {student}", ""]
+    if not walled:
+        lines[1:1] = [f"walls: {UNWALLED}"]
     for assignment, results in graded.items():
         points, max_points = total(results)
         lines.append(f"== {assignment}: {format_points(points)}/{format_points(max_points)} points")
@@ -210,7 +249,8 @@ def run_grade_command(args: argparse.Namespace) -> int:
     if unknown:
         raise UsageError(f"unknown assignment(s) {unknown}; the course has {', '.join(EXERCISES)}")
     out, feedback_dir = Path(args.out), Path(args.feedback)
-    fieldnames = ["student", *assignments, "total", "max_total", "seconds", SIGNATURE]
+    walled = walls_for_grading(args.no_walls)
+    fieldnames = ["student", *assignments, "total", "max_total", "seconds", "walls", SIGNATURE]
     key = grading_key(out)
     rows, forged = signed_rows([] if args.force else read_rows(out, fieldnames), key, fieldnames)
     if forged:
@@ -220,18 +260,19 @@ def run_grade_command(args: argparse.Namespace) -> int:
     done = {row["student"] for row in rows}
     students = sorted(p for p in submissions.iterdir() if p.is_dir() and not p.name.startswith("."))
     pending = [s for s in students if s.name not in done]
-    limits = _limits(args)
+    limits = _limits(args, walled)
     feedback_dir.mkdir(parents=True, exist_ok=True)
     for student_dir in tqdm(pending, desc="grading", unit="student", disable=args.no_progress):
         started = time.perf_counter()
         graded = grade_student(student_dir, assignments, limits, protected=(out, key_path(out), feedback_dir))
-        row = {"student": student_dir.name, "seconds": f"{time.perf_counter() - started:.1f}"}
+        row = {"student": student_dir.name, "seconds": f"{time.perf_counter() - started:.1f}",
+               "walls": "on" if walled else UNWALLED}
         for assignment, results in graded.items():
             row[assignment] = format_points(total(results)[0])
         points, max_points = total([r for results in graded.values() for r in results])
         row.update(total=format_points(points), max_total=format_points(max_points))
         row[SIGNATURE] = sign(key, row, fieldnames)
-        write_text_atomically(feedback_dir / f"{student_dir.name}.txt", feedback_text(student_dir.name, graded))
+        write_text_atomically(feedback_dir / f"{student_dir.name}.txt", feedback_text(student_dir.name, graded, walled))
         rows = [r for r in rows if r["student"] != student_dir.name] + [row]
         write_csv_atomically(out, fieldnames, sorted(rows, key=lambda r: r["student"]))
     print(
@@ -255,13 +296,23 @@ def build_parser() -> argparse.ArgumentParser:
     grade.add_argument("--assignments", help="comma-separated assignments to grade (default: all)")
     grade.add_argument("--force", action="store_true", help="regrade students already in the CSV")
     grade.add_argument("--no-progress", action="store_true", help="no progress bar")
+    grade.add_argument(
+        "--no-walls",
+        action="store_true",
+        help="grade without the operating system's walls where they cannot be built (every such grade is marked)",
+    )
     _add_limits(grade)
     grade.set_defaults(run=run_grade_command)
     return parser
 
 
+ISOLATED_BOOT = f"import sys; sys.path.insert(0, {str(ROOT)!r}); from autograder.cli import main; sys.exit(main())"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "grade" and argv is None and not sys.flags.isolated:
+        os.execv(sys.executable, [sys.executable, "-I", "-c", ISOLATED_BOOT, *sys.argv[1:]])
     try:
         return args.run(args)
     except UsageError as error:

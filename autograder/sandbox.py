@@ -1,22 +1,25 @@
-"""Grade one notebook: the student's code runs in a child process, the points are decided in this one.
+"""Grade one notebook: the student's code runs in a walled child process, the points are decided in this one.
 
-`grade_notebook(path)` first reads the notebook's solution cells as text and looks for uses of the
-reference implementation (`submission.reference_uses`: a parse, nothing runs). Then it starts
-`python -m autograder.sandbox` (the same interpreter), which limits its own address space
-(`RLIMIT_AS`), loads the solution cells (`autograder.submission`) and runs the observing half of every
-check (`Check.function.observe`), appending each observation, or why there is none, to a JSON-lines
-file as soon as it is known. The parent waits up to the time limit, then kills the child's whole process
-group, reads the file and judges each observation itself (`Check.function.judge`), against reference
-runs it makes itself: the child's data is evidence, never a verdict. Whatever the child writes, a check
-earns at most its own points, once: the first line for a check counts, malformed data earns nothing.
+`grade_notebook(path)` first reads the notebook's solution cells as text and checks them against the
+course's policy for graded cells (`submission.reference_uses`: a parse, nothing runs). Then it starts the
+child, `python -I` with the course first on its path, inside the operating system's walls
+(`autograder.walls`: bubblewrap, an allowlisted read-only root without the answers, uid 65534, no
+capabilities, seccomp). The child limits its own address space (`RLIMIT_AS`), loads the solution cells
+(`autograder.submission`) and runs the observing half of every check (`Check.function.observe`), writing
+each observation, or why there is none, as one JSON line to a pipe the parent reads (at most
+`MAX_RESULTS_BYTES`). The parent waits up to the time limit, then kills the child's whole process group,
+and judges each observation itself (`Check.function.judge`), against reference runs it makes itself: the
+child's data is evidence, never a verdict. Whatever the child writes, a check earns at most its own
+points, once: the first line for a check counts, malformed data earns nothing.
 
 Checks without an observation get 0 points and a message saying why: the time limit (an infinite loop),
 the process dying (`os._exit`, a crash, the memory limit; `sys.exit` only costs the check that called it).
 Inside the child, each check also has its own alarm, and the virtual cluster's deadlines stop ranks that
 loop or wait for each other, so one bad check rarely costs the others.
 
-The child still runs with the grader's permissions: it can read what the grader can read. What keeps a
-submission from the answers is the subject of the README's section on the grader's trust boundary.
+`Limits(walls=False)` runs the child as a plain process of the grader's user, with the audit hook
+(`autograder.child_guard`) as its only fence: a tripwire, not a wall. The CLI and nbgrader use it only
+when asked (`--no-walls`), and mark every grade made so.
 """
 
 from __future__ import annotations
@@ -30,11 +33,15 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
-from autograder import child_guard
+import psutil
+
+from autograder import child_guard, walls
 from autograder.checks import (
     Check,
     CheckResult,
@@ -45,8 +52,15 @@ from autograder.checks import (
     through_json,
 )
 from autograder.integrity import verdict
-from autograder.isolation import module_files, namespaced
-from autograder.submission import Submission, assignment_of, exercise_module, load, reference_uses, unreadable
+from autograder.submission import (
+    RELEASE_DIR,
+    Submission,
+    assignment_of,
+    exercise_module,
+    load,
+    reference_uses,
+    unreadable,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 MiB = 2**20
@@ -57,13 +71,15 @@ CHILD_ENVIRONMENT = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "MALLOC_ARE
 
 @dataclass(frozen=True)
 class Limits:
-    """Per notebook: wall-clock seconds for the child, its address-space bytes, seconds per check."""
+    """Per notebook: wall-clock seconds for the child, its address-space bytes, seconds per check, and
+    whether the child runs inside the operating system's walls (`autograder.walls`)."""
 
     time_s: float = 180.0
     memory_bytes: int = 4096 * MiB
     check_time_s: float = 90.0
-    isolate: bool = True
-    """Run the child in namespaces of its own where this machine can (`autograder.isolation`)."""
+    walls: bool = True
+    """True: inside the walls, or `WallsUnavailable` where this machine cannot build them. False: a plain
+    child process with the audit hook (`child_guard`) as its only fence; a grade made so is marked."""
 
 
 class CheckTimeLimit(BaseException):
@@ -85,14 +101,6 @@ def _missing_message(returncode: int | None, timed_out: bool, limits: Limits, st
     return f"not graded: the grading process {reason} before this check ({hint}){tail}"
 
 
-def _tail(path: Path, lines: int = 8) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return ""
-    return "\n".join(text.strip().splitlines()[-lines:])
-
-
 MAX_MESSAGE_CHARS = 4000
 """A failure message written by the child is shown to the student, truncated to this."""
 MAX_CELL_ERRORS = 20
@@ -103,12 +111,12 @@ def grade_notebook(
     path: Path, assignment: str | None = None, limits: Limits = Limits(), protected: tuple[Path, ...] = ()
 ) -> list[CheckResult]:
     """Every check of the notebook's assignment, observed in a child process and judged here; never raises
-    for the notebook. The child may neither read nor write the `protected` paths (grades, feedback)."""
+    for the notebook. Without walls, the child's audit hook refuses it the `protected` paths (grades,
+    feedback); inside them, those paths do not exist for it."""
     path = Path(path).resolve()
     assignment = assignment or assignment_of(path)
     exercise = exercise_module(assignment)
     checks: tuple[Check, ...] = exercise.CHECKS
-    protected = tuple(protected) + module_files(exercise.ANSWER_MODULES)
     not_a_notebook = unreadable(path)
     if not_a_notebook:
         return [CheckResult(check.name, 0, check.points, f"not graded: {not_a_notebook}") for check in checks]
@@ -116,61 +124,173 @@ def grade_notebook(
     if problems:
         message = verdict(problems, assignment)
         return [CheckResult(check.name, 0, check.points, message) for check in checks]
+    answers = walls.module_files(exercise.ANSWER_MODULES)
     with tempfile.TemporaryDirectory(prefix="autograder-") as tmp:
-        results_file, stdout_file, stderr_file = (Path(tmp) / name for name in ("results.jsonl", "stdout", "stderr"))
         notebook = Path(tmp) / "submission" / path.name
         notebook.parent.mkdir()
         shutil.copyfile(path, notebook)
-        env = dict(os.environ, **CHILD_ENVIRONMENT)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-        env[child_guard.PROTECTED_VARIABLE] = os.pathsep.join(str(p.resolve()) for p in protected)
-        command = [
-            sys.executable,
-            "-m",
-            "autograder.sandbox",
-            str(notebook),
-            assignment,
-            str(results_file),
-            str(limits.memory_bytes),
-            str(limits.check_time_s),
-        ]
-        if limits.isolate:
-            command = namespaced(command, protected=tuple(p.resolve() for p in protected)) or command
-        with stdout_file.open("wb") as out, stderr_file.open("wb") as err:
-            child = subprocess.Popen(
-                command,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=err,
-                cwd=notebook.parent,
-                env=env,
-                start_new_session=True,
-            )
-            timed_out = False
-            try:
-                child.wait(timeout=limits.time_s)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                os.killpg(child.pid, signal.SIGKILL)
-                child.wait()
-        observed = read_observations(results_file, {check.name for check in checks})
-        stderr_tail = _tail(stderr_file)
-    missing = _missing_message(child.returncode, timed_out, limits, stderr_tail)
+        results_read, results_write = os.pipe()
+        arguments = [str(notebook), assignment, str(results_write), str(limits.memory_bytes), str(limits.check_time_s)]
+        command = [sys.executable, "-I", "-c", CHILD_BOOT, *arguments]
+        if limits.walls:
+            readable = [*walls.course_files(excluded=answers), RELEASE_DIR / assignment / f"{assignment}.ipynb",
+                        notebook.parent]
+            command, seccomp_fd = walls.require().wrap(command, readable, dict(WALLED_ENVIRONMENT))
+            env = None
+        else:
+            seccomp_fd = -1
+            env = dict(os.environ, **CHILD_ENVIRONMENT)
+            env[child_guard.PROTECTED_VARIABLE] = os.pathsep.join(str(p.resolve()) for p in (*protected, *answers))
+        run = run_child(command, env, limits.time_s, (results_read, results_write), seccomp_fd)
+    observed = read_observations(run.results, {check.name for check in checks})
+    missing = _missing_message(run.returncode, run.timed_out, limits, run.stderr_tail)
     cell_errors = observed.pop(CELL_ERRORS, Observed(observation=[])).observation
     return [judge_observed(check, observed.get(check.name), missing, cell_errors) for check in checks]
+
+
+MAX_RESULTS_BYTES = 16 * MiB
+"""What the parent reads of the child's observations at most; the rest is drained unread."""
+MAX_STDERR_BYTES = 64 * 1024
+"""The end of the child's stderr kept for a message; the rest is drained unread."""
+CHILD_BOOT = (
+    f"import sys; sys.path.insert(0, {str(ROOT)!r}); from autograder.sandbox import child_main; "
+    "sys.exit(child_main(sys.argv[1:]))"
+)
+"""The child's whole program: `python -I` (no PYTHONPATH, no user site) with the course first on its path."""
+WALLED_ENVIRONMENT = {
+    **CHILD_ENVIRONMENT,
+    "PATH": "/usr/bin:/bin",
+    "HOME": walls.SANDBOX_HOME,
+    "TMPDIR": walls.SANDBOX_HOME,
+    "MPLCONFIGDIR": walls.SANDBOX_HOME,
+    "LANG": "C.UTF-8",
+}
+"""The walled child's whole environment: nothing of the grader's (no key, no token, no path) reaches it."""
+
+
+@dataclass
+class ChildRun:
+    """What the parent saw of one child: its observations (capped), exit, stderr's end, peak memory."""
+
+    results: bytes
+    returncode: int | None
+    timed_out: bool
+    stderr_tail: str
+    peak_rss_bytes: int
+    """The largest resident memory of the child's whole process tree, read by this process from the
+    kernel's `/proc` every `RSS_SAMPLE_S` (not `wait4`'s peak, which counts the grader's own memory at
+    the fork)."""
+
+
+def _drain(stream: BinaryIO, keep: int, tail: bool, into: list[bytes]) -> None:
+    """Read `stream` to its end, keeping its first (or last) `keep` bytes in `into`."""
+    kept = b""
+    while chunk := stream.read(65536):
+        kept = (kept + chunk)[-keep:] if tail else (kept + chunk[: max(0, keep - len(kept))])
+    into.append(kept)
+
+
+def run_child(
+    command: list[str], env: dict[str, str] | None, time_s: float, results_pipe: tuple[int, int], seccomp_fd: int = -1
+) -> ChildRun:
+    """Run the grading child for at most `time_s`, reading what it writes to `results_pipe` (its observations,
+    one JSON line each: nothing goes through its disk) and its stderr with caps, and kill its whole process
+    group at the limit. Closes the pipe's and `seccomp_fd`'s descriptors."""
+    results_read, results_write = results_pipe
+    passed = (results_write,) if seccomp_fd < 0 else (results_write, seccomp_fd)
+    try:
+        child = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            env=env,
+            cwd="/",
+            start_new_session=True,
+            pass_fds=passed,
+        )
+    except BaseException:
+        os.close(results_read)
+        raise
+    finally:
+        for fd in passed:
+            os.close(fd)
+    results: list[bytes] = []
+    stderr: list[bytes] = []
+    with os.fdopen(results_read, "rb") as results_stream:
+        readers = [
+            threading.Thread(target=_drain, args=(results_stream, MAX_RESULTS_BYTES, False, results), daemon=True),
+            threading.Thread(target=_drain, args=(child.stderr, MAX_STDERR_BYTES, True, stderr), daemon=True),
+        ]
+        for reader in readers:
+            reader.start()
+        sampler = RssSampler(child.pid)
+        sampler.start()
+        returncode, timed_out = _wait(child, time_s)
+        sampler.stop()
+        for reader in readers:
+            reader.join(timeout=10)
+    return ChildRun(
+        results=results[0] if results else b"",
+        returncode=returncode,
+        timed_out=timed_out,
+        stderr_tail="\n".join((stderr[0] if stderr else b"").decode(errors="replace").strip().splitlines()[-8:]),
+        peak_rss_bytes=sampler.peak_bytes,
+    )
+
+
+RSS_SAMPLE_S = 0.02
+
+
+class RssSampler(threading.Thread):
+    """The peak, over samples every `RSS_SAMPLE_S`, of the summed resident memory of a process and all its
+    descendants: what the kernel says the child holds, which nothing in the child can rewrite."""
+
+    def __init__(self, pid: int) -> None:
+        super().__init__(daemon=True)
+        self.pid = pid
+        self.peak_bytes = 0
+        self._done = threading.Event()
+
+    def sample(self) -> None:
+        try:
+            root = psutil.Process(self.pid)
+            processes = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            return
+        held = 0
+        for process in processes:
+            try:
+                held += process.memory_info().rss
+            except psutil.Error:
+                continue
+        self.peak_bytes = max(self.peak_bytes, held)
+
+    def run(self) -> None:
+        while not self._done.wait(RSS_SAMPLE_S):
+            self.sample()
+
+    def stop(self) -> None:
+        self._done.set()
+        self.join()
+
+
+def _wait(child: subprocess.Popen, time_s: float) -> tuple[int, bool]:
+    """(exit status as Popen gives it, whether the time limit killed it) of `child`."""
+    try:
+        return child.wait(timeout=time_s), False
+    except subprocess.TimeoutExpired:
+        os.killpg(child.pid, signal.SIGKILL)
+        return child.wait(), True
 
 
 CELL_ERRORS = "<cell errors>"
 
 
-def read_observations(path: Path, names: set[str]) -> dict[str, Observed]:
+def read_observations(data: bytes, names: set[str]) -> dict[str, Observed]:
     """The first observation (or failure) the child wrote for each known check; anything else is ignored."""
     observed: dict[str, Observed] = {}
-    try:
-        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-    except OSError:
-        return observed
-    for line in lines:
+    for line in data.decode("utf-8", errors="replace").splitlines():
         try:
             record = json.loads(line)
         except ValueError:
@@ -229,7 +349,7 @@ def grade_submission(submission: Submission, checks: tuple[Check, ...]) -> Itera
 
 def child_main(argv: list[str]) -> int:
     """In the child: load the notebook, observe every check, append each observation to the results file."""
-    path, assignment, results_file, memory_bytes, check_time_s = argv
+    path, assignment, results_fd, memory_bytes, check_time_s = argv
     _limit_resources(int(memory_bytes))
     seconds = float(check_time_s)
     signal.signal(signal.SIGALRM, functools.partial(_on_alarm, seconds))
@@ -238,7 +358,7 @@ def child_main(argv: list[str]) -> int:
     loaded = sorted(set(exercise.ANSWER_MODULES) & set(sys.modules))
     if loaded:
         raise RuntimeError(f"grader bug: the grading child loaded the reference answers {loaded}")
-    with open(results_file, "a") as out:
+    with os.fdopen(int(results_fd), "w") as out:
 
         def report(name: str, observed: Observed) -> None:
             if observed.failure is not None:

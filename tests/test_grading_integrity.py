@@ -121,10 +121,10 @@ def test_a_correct_but_unusual_submission_earns_every_point(unusual: WrongSubmis
     assert total(results) == (10, 10)
 
 
-@pytest.mark.parametrize("isolate", [True, False], ids=["namespaces", "audit-hook-only"])
+@pytest.mark.parametrize("walled", [True, False], ids=["walls", "audit-hook-only"])
 @pytest.mark.parametrize("wrong", wrong_params(child=True))
 def test_a_submission_graded_in_a_child_process_loses_exactly_its_checks(
-    wrong: WrongSubmission, isolate: bool, tmp_path: Path
+    wrong: WrongSubmission, walled: bool, tmp_path: Path
 ) -> None:
     """Loops, exits and attacks on a grader beside them: graded as the CLI grades, with the child in
     namespaces of its own where this machine makes them, and with the audit hook alone (a laptop)."""
@@ -132,7 +132,7 @@ def test_a_submission_graded_in_a_child_process_loses_exactly_its_checks(
         seconds = {"time_s": 8, "check_time_s": 3} if "in_function" in wrong.path.stem else {"time_s": 5}
     else:  # a run that finishes: room for a loaded machine (ex03's takes about 5 s on two idle cores)
         seconds = {"time_s": 60}
-    limits = Limits(isolate=isolate, **seconds)
+    limits = Limits(walls=walled, **seconds)
     assert_loses_exactly(wrong, grade_notebook(wrong.notebook(tmp_path), limits=limits))
 
 

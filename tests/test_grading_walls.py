@@ -1,0 +1,203 @@
+"""The grading child's walls (`autograder.walls`): bubblewrap, an allowlisted root, uid 65534, seccomp.
+
+Each wall is tested from the outside, by running a probe exactly as the grader runs its child, and beside a
+control: the same probe without the walls, which shows that what the wall stops is possible here.
+The machine's CI grades as root, so these tests see the layered walls (root lays out, uid 65534 runs).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import sys
+from pathlib import Path
+
+import pytest
+
+from autograder import seccomp, walls
+from autograder.child_guard import ROOT
+from autograder.sandbox import WALLED_ENVIRONMENT, Limits, grade_notebook, run_child
+
+PROBE = r"""
+import ctypes, errno, json, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+
+def attempt(function):
+    try:
+        function()
+        return "allowed"
+    except OSError as error:
+        return errno.errorcode.get(error.errno, str(error.errno))
+
+def call(function, *args):
+    if function(*args) != 0:
+        raise OSError(ctypes.get_errno(), "refused")
+
+def write(path):
+    with open(path, "w") as handle:
+        handle.write("x")
+
+status = open("/proc/self/status").read()
+report = {
+    "uid": os.getuid(),
+    "gid": os.getgid(),
+    "capabilities": status.split("CapEff:")[1].split()[0],
+    "seccomp": status.split("Seccomp:")[1].split()[0],
+    "solutions": os.path.exists(sys.argv[2] + "/solutions"),
+    "tests": os.path.exists(sys.argv[2] + "/tests"),
+    "git": os.path.exists(sys.argv[2] + "/.git"),
+    "answer": os.path.exists(sys.argv[3]),
+    "scaffolding": os.path.exists(sys.argv[4]),
+    "key": os.path.exists(sys.argv[5]),
+    "environment": sorted(os.environ),
+    "user namespace": attempt(lambda: call(libc.unshare, 0x10000000)),
+    "mount namespace": attempt(lambda: call(libc.unshare, 0x00020000)),
+    "mount": attempt(lambda: call(libc.mount, b"none", b"/usr", b"tmpfs", 0, None)),
+    "ptrace": attempt(lambda: call(libc.ptrace, 16, 1, 0, 0)),
+    "setuid": attempt(lambda: os.setuid(0)),
+    "processes": len([p for p in os.listdir("/proc") if p.isdigit()]),
+}
+if sys.argv[6] == "walled":  # the control, the grader's own user, would really write these
+    report["write venv"] = attempt(lambda: write(os.path.join(sys.prefix, "walls-probe.pth")))
+    report["write course"] = attempt(lambda: write(sys.argv[2] + "/zero_core/walls_probe.py"))
+    report["write tmp"] = attempt(lambda: write("/tmp/walls-probe"))
+    report["write home"] = attempt(lambda: write(os.path.join(os.environ["HOME"], "scratch")))
+os.write(int(sys.argv[1]), (json.dumps(report) + "\n").encode())
+"""
+
+WALLS = walls.available()
+needs_walls = pytest.mark.skipif(isinstance(WALLS, str), reason=str(WALLS))
+
+
+def probe(walled: bool, tmp_path: Path) -> dict:
+    """The probe's report, run as `grade_notebook` runs its child (walled or not)."""
+    from autograder import ex04
+
+    answer = ROOT / "zero_core" / "stages" / "zero3_gather.py"
+    scaffolding = ROOT / "zero_core" / "stages" / "zero3.py"
+    key = tmp_path / ".grades.csv.key"
+    key.write_bytes(b"secret")
+    assert answer in walls.module_files(ex04.ANSWER_MODULES) and answer.exists()
+    read, write = os.pipe()
+    command = [sys.executable, "-I", "-c", PROBE, str(write), str(ROOT), str(answer), str(scaffolding), str(key),
+               "walled" if walled else "control"]
+    seccomp_fd = -1
+    env = dict(os.environ)
+    if walled:
+        readable = walls.course_files(excluded=walls.module_files(ex04.ANSWER_MODULES))
+        command, seccomp_fd = WALLS.wrap(command, readable, dict(WALLED_ENVIRONMENT))
+        env = None
+    run = run_child(command, env, 60, (read, write), seccomp_fd)
+    assert run.returncode == 0, run.stderr_tail
+    return json.loads(run.results)
+
+
+@needs_walls
+def test_the_walled_child_is_nobody_without_capabilities_under_seccomp(tmp_path: Path) -> None:
+    report = probe(True, tmp_path)
+    assert (report["uid"], report["gid"]) == (walls.NOBODY, walls.NOBODY)
+    assert report["capabilities"] == "0000000000000000"
+    assert report["seccomp"] == ("2" if seccomp.program() else "0")
+    control = probe(False, tmp_path)
+    assert control["uid"] == os.getuid()
+
+
+@needs_walls
+def test_answers_solutions_tests_and_keys_are_absent_and_the_scaffolding_is_there(tmp_path: Path) -> None:
+    report = probe(True, tmp_path)
+    assert not any(report[name] for name in ("solutions", "tests", "git", "answer", "key")), report
+    assert report["scaffolding"]
+    assert set(report["environment"]) - {"PWD"} == set(WALLED_ENVIRONMENT), "nothing of the grader's environment"
+    control = probe(False, tmp_path)
+    assert all(control[name] for name in ("solutions", "tests", "answer", "key")), control
+
+
+@needs_walls
+def test_the_walled_child_writes_only_its_tmpfs_and_never_the_venv(tmp_path: Path) -> None:
+    report = probe(True, tmp_path)
+    assert report["write venv"] == "EROFS" and report["write course"] in ("EROFS", "ENOENT")
+    assert report["write tmp"] != "allowed" and report["write home"] == "allowed"
+    # the control is not run: as the grader's user it would write into the venv and the course
+
+
+@needs_walls
+def test_no_namespace_mount_ptrace_or_privilege_change_from_inside(tmp_path: Path) -> None:
+    report = probe(True, tmp_path)
+    for name in ("user namespace", "mount namespace", "mount", "ptrace", "setuid"):
+        assert report[name] == "EPERM", (name, report[name])
+    assert report["processes"] <= 3, "a PID namespace of its own: bubblewrap's init, the probe"
+    control = probe(False, tmp_path)
+    assert control["processes"] > report["processes"]
+
+
+def test_the_seccomp_program_is_well_formed() -> None:
+    """Every instruction is 8 bytes, and every jump lands inside the program."""
+    program = seccomp.x86_64_program()
+    assert len(program) % 8 == 0
+    count = len(program) // 8
+    for index in range(count):
+        code, jt, jf, _ = struct.unpack_from("<HBBI", program, index * 8)
+        if code & 0x07 == 0x05:  # BPF_JMP
+            assert index + 1 + max(jt, jf) < count
+
+
+@needs_walls
+def test_a_correct_notebook_earns_full_marks_inside_the_walls() -> None:
+    from autograder.checks import total
+
+    solution = ROOT / "solutions" / "ex02_zero1_sharded_adam" / "ex02_zero1_sharded_adam.ipynb"
+    results = grade_notebook(solution, limits=Limits(walls=True))
+    assert total(results) == (10, 10), [r.message for r in results if not r.passed]
+
+
+def test_the_parent_refuses_a_venv_or_course_folder_any_user_may_write(tmp_path: Path) -> None:
+    open_folder = tmp_path / "open"
+    open_folder.mkdir()
+    open_folder.chmod(0o777)
+    sticky = tmp_path / "sticky"
+    sticky.mkdir()
+    sticky.chmod(0o1777)
+    assert walls.writable_by_others([open_folder / "venv"]) == [open_folder]
+    assert walls.writable_by_others([sticky]) == []
+
+
+def test_without_bubblewrap_the_walls_say_why_and_name_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(walls, "bwrap_path", lambda: None)
+    walls.available.cache_clear()
+    try:
+        with pytest.raises(walls.WallsUnavailable, match="bubblewrap is not installed.*--no-walls"):
+            walls.require()
+    finally:
+        walls.available.cache_clear()
+
+
+def test_the_child_process_group_is_killed_at_the_time_limit() -> None:
+    read, write = os.pipe()
+    run = run_child([sys.executable, "-c", "import time; time.sleep(60)"], None, 1, (read, write))
+    assert run.timed_out and run.returncode is not None and run.returncode < 0
+
+
+def test_what_the_parent_reads_of_a_child_is_capped() -> None:
+    from autograder.sandbox import MAX_RESULTS_BYTES, MAX_STDERR_BYTES
+
+    flood = (
+        "import os, sys; fd = int(sys.argv[1]); chunk = b'x' * 2**20\n"
+        f"for _ in range({MAX_RESULTS_BYTES // 2**20 + 4}): os.write(fd, chunk); sys.stderr.write('y' * 2**20)\n"
+    )
+    read, write = os.pipe()
+    run = run_child([sys.executable, "-c", flood, str(write)], None, 60, (read, write))
+    assert run.returncode == 0
+    assert len(run.results) == MAX_RESULTS_BYTES
+    assert len(run.stderr_tail) <= MAX_STDERR_BYTES
+
+
+def test_the_kernel_counts_the_childs_peak_memory() -> None:
+    """`wait4`'s peak resident set: what the child held, measured where the child cannot write."""
+    hold = "import os, sys; block = bytearray(300 * 2**20); block[::4096] = b'x' * len(block[::4096])"
+    small_read, small_write = os.pipe()
+    small = run_child([sys.executable, "-c", "pass"], None, 60, (small_read, small_write))
+    read, write = os.pipe()
+    large = run_child([sys.executable, "-c", hold], None, 60, (read, write))
+    assert large.peak_rss_bytes - small.peak_rss_bytes > 280 * 2**20
+
