@@ -3,10 +3,13 @@
 Builds a class of `--students` students, each handing in every solution notebook in nbgrader's
 `submitted/<student>/<assignment>/<assignment>.ipynb` layout, and grades it with
 `python -m autograder grade`, exactly as an instructor would: every notebook in its own child process,
-with the default time and memory limits. First grades one submission notebook by notebook, to show
-where the time goes. The target is under 60 s per complete submission on 2 cores.
+with the default time and memory limits. First grades one submission notebook by notebook, each notebook
+inside the walls (`autograder.walls`) and without them, one right after the other (in alternating order,
+so that a machine's drift costs both alike, after one untimed grade that makes the parent's reference runs,
+which a batch makes once), to show where the time goes and what the walls cost. The
+targets: under 60 s per complete submission with the walls on 2 cores, and under 1.5x the time without.
 
-    python benchmarks/bench_grading.py [--students 3]
+    python benchmarks/bench_grading.py [--students 3] [--assignments ex05_memory_planning,...]
 """
 
 from __future__ import annotations
@@ -23,15 +26,25 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from autograder import walls  # noqa: E402
 from autograder.checks import total  # noqa: E402
-from autograder.sandbox import grade_notebook  # noqa: E402
+from autograder.sandbox import Limits, grade_notebook  # noqa: E402
 from autograder.submission import EXERCISES  # noqa: E402
 
 TARGET_SECONDS = 60.0
+TARGET_WALLS_RATIO = 1.5
 
 
-def hand_in(submitted: Path, student: str) -> None:
-    for assignment in EXERCISES:
+def timed_grade(notebook: Path, walled: bool) -> tuple[float, str]:
+    """(seconds, "points/max") of grading `notebook` in a child, inside the walls or not."""
+    started = time.perf_counter()
+    results = grade_notebook(notebook, limits=Limits(walls=walled))
+    points, max_points = total(results)
+    return time.perf_counter() - started, f"{points:g}/{max_points:g}"
+
+
+def hand_in(submitted: Path, student: str, assignments: list[str]) -> None:
+    for assignment in assignments:
         destination = submitted / student / assignment / f"{assignment}.ipynb"
         destination.parent.mkdir(parents=True)
         shutil.copy(ROOT / "solutions" / assignment / f"{assignment}.ipynb", destination)
@@ -40,29 +53,46 @@ def hand_in(submitted: Path, student: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--students", type=int, default=3, help="submissions in the batch (default 3)")
+    parser.add_argument("--assignments", help="comma-separated assignments (default: all nine)")
     args = parser.parse_args()
+    assignments = args.assignments.split(",") if args.assignments else list(EXERCISES)
+    unknown = sorted(set(assignments) - set(EXERCISES))
+    if unknown:
+        parser.error(f"unknown assignment(s) {unknown}; the course has {', '.join(EXERCISES)}")
 
     with tempfile.TemporaryDirectory(prefix="bench-grading-") as tmp:
         submitted = Path(tmp) / "submitted"
         for index in range(args.students):
-            hand_in(submitted, f"student{index:02d}")
+            hand_in(submitted, f"student{index:02d}", assignments)
 
-        print("one submission, notebook by notebook (child process each):")
-        one = 0.0
-        for assignment in EXERCISES:
-            started = time.perf_counter()
-            results = grade_notebook(submitted / "student00" / assignment / f"{assignment}.ipynb")
-            seconds = time.perf_counter() - started
-            one += seconds
-            points, max_points = total(results)
-            print(f"  {assignment:<36} {seconds:6.1f} s   {points:g}/{max_points:g} points")
-        print(f"  {'all notebooks':<36} {one:6.1f} s   (target < {TARGET_SECONDS:g} s)")
+        built = walls.available()
+        if isinstance(built, str):
+            sys.exit(f"bench_grading: {built}; the walls' cost cannot be measured here")
+        print(f"one submission, notebook by notebook (a child process each; {built.describe()}):")
+        print(f"  {'notebook':<36} {'walls':>8} {'no walls':>9} {'ratio':>6}   points")
+        sums = {True: 0.0, False: 0.0}
+        for index, assignment in enumerate(assignments):
+            notebook = submitted / "student00" / assignment / f"{assignment}.ipynb"
+            order = (True, False) if index % 2 == 0 else (False, True)
+            timed_grade(notebook, False)  # untimed: the parent's imports and reference runs, made once a batch
+            seconds, points = {}, {}
+            for walled in order:
+                seconds[walled], points[walled] = timed_grade(notebook, walled)
+                sums[walled] += seconds[walled]
+            same = points[True] if points[True] == points[False] else f"{points[True]} vs {points[False]}!"
+            print(f"  {assignment:<36} {seconds[True]:7.1f}s {seconds[False]:8.1f}s "
+                  f"{seconds[True] / seconds[False]:5.2f}x   {same}")
+        ratio = sums[True] / sums[False]
+        print(f"  {'all notebooks':<36} {sums[True]:7.1f}s {sums[False]:8.1f}s {ratio:5.2f}x")
+        print(f"  with walls: {sums[True]:.1f} s per submission (target < {TARGET_SECONDS:g} s: "
+              f"{'met' if sums[True] < TARGET_SECONDS else 'NOT met'}); {ratio:.2f}x the time without "
+              f"(target < {TARGET_WALLS_RATIO:g}x: {'met' if ratio < TARGET_WALLS_RATIO else 'NOT met'})")
 
         grades = Path(tmp) / "grades.csv"
         started = time.perf_counter()
         subprocess.run(
             [sys.executable, "-m", "autograder", "grade", str(submitted), "--out", str(grades),
-             "--feedback", str(Path(tmp) / "feedback"), "--no-progress"],
+             "--feedback", str(Path(tmp) / "feedback"), "--no-progress", "--assignments", ",".join(assignments)],
             cwd=ROOT, check=True, capture_output=True,
         )
         wall = time.perf_counter() - started

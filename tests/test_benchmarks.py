@@ -10,6 +10,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from autograder import walls
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -58,3 +62,12 @@ def test_bench_slots_prints_each_stage_over_the_slot_counts_and_names_the_fastes
     assert counts >= 2 and "*" in header, out  # 1 and 2 slots at least, and the default marked
     row = next(line for line in out.splitlines() if line.startswith("ZeRO-1 "))
     assert row.count("cpu") == row.count("MB") == counts and "the default takes" in row, out
+
+
+@pytest.mark.skipif(isinstance(walls.available(), str), reason="no walls on this machine to measure")
+def test_bench_grading_prints_each_notebook_with_and_without_the_walls_and_the_targets() -> None:
+    out = run_benchmark("bench_grading.py", "--students", "1", "--assignments", "ex05_memory_planning")
+    (row,) = [line.split() for line in out.splitlines() if line.strip().startswith("ex05_memory_planning")]
+    assert row[1].endswith("s") and row[2].endswith("s") and row[3].endswith("x") and row[4] == "10/10", out
+    assert "per submission (target < 60 s:" in out and "the time without (target < 1.5x:" in out, out
+    assert "totals: 10/10" in out, out
