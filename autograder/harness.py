@@ -15,6 +15,7 @@ communication checks of one world size read the same run, and a failure is remem
 
 from __future__ import annotations
 
+import functools
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from functools import cache
@@ -27,6 +28,7 @@ from autograder.checks import CheckFailed, describe_exception
 from autograder.integrity import ReferenceUsed, StudentShard
 from autograder.records import RankRecord, Run
 from zero_core import schedule
+from zero_core.backends.witnessed import WitnessedBackend, WitnessLink
 from zero_core.cluster import (
     ClusterError,
     CollectiveDeadlock,
@@ -173,7 +175,11 @@ def train_observed(
 ) -> tuple[Run, CommLedger, list[dict[str, list]]]:
     """`train`, also returning the full ledger (`Run` keeps a summary of it) and, per rank, what the stage
     code appended under each key of `observed` in `current().extra`."""
-    cluster = VirtualCluster(world_size, timeout_s=COLLECTIVE_TIMEOUT_S, seed=CONFIG.seed)
+    options = {}
+    if _witness is not None:  # a graded run in the grading child: its collectives go through the witness
+        _witness.begin_run(world_size)
+        options["backend"] = functools.partial(WitnessedBackend, link=_witness)
+    cluster = VirtualCluster(world_size, timeout_s=COLLECTIVE_TIMEOUT_S, seed=CONFIG.seed, **options)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -182,7 +188,19 @@ def train_observed(
         torch.set_num_threads(threads)
     records = [record for record, _ in results]
     run = Run.of(world_size, steps, records, cluster.trackers, cluster.ledger, layer_partitions(world_size))
+    if _witness is not None:
+        run.witness_run = _witness.runs_begun - 1
     return run, cluster.ledger, [observations for _, observations in results]
+
+
+_witness: WitnessLink | None = None
+
+
+def use_witness(link: WitnessLink) -> None:
+    """From now on, this process's graded runs send their collectives through `link` to the grading parent's
+    witness (`autograder.witness`), whose record the judge reads; the grading child calls it first thing."""
+    global _witness
+    _witness = link
 
 
 def explain_failure(error: BaseException, what: str) -> str:

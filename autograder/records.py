@@ -95,6 +95,8 @@ class Run:
     memory: list[RankMemory]
     collectives: list[list[Collective]]
     partitions: dict[str, FlatPartition]
+    witness_run: int = -1
+    """In the grading child, the number of this run in the witness's record (`autograder.witness`)."""
 
     @classmethod
     def of(
@@ -150,7 +152,9 @@ def encode_floats(tensor: torch.Tensor) -> str:
 
 
 def run_to_data(run: Run) -> dict[str, Any]:
+    witnessed = {"witness_run": run.witness_run} if run.witness_run >= 0 else {}
     return {
+        **witnessed,
         "world_size": run.world_size,
         "steps": run.steps,
         "ranks": [

@@ -37,7 +37,8 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from types import ModuleType
+from typing import TYPE_CHECKING, BinaryIO
 
 import psutil
 
@@ -45,6 +46,7 @@ from autograder import child_guard, walls
 from autograder.checks import (
     Check,
     CheckResult,
+    ObservationInvalid,
     Observed,
     judge_check,
     observe_check,
@@ -61,6 +63,9 @@ from autograder.submission import (
     reference_uses,
     unreadable,
 )
+
+if TYPE_CHECKING:
+    from autograder.witness import Witness
 
 ROOT = Path(__file__).resolve().parents[1]
 MiB = 2**20
@@ -130,7 +135,9 @@ def grade_notebook(
         notebook.parent.mkdir()
         shutil.copyfile(path, notebook)
         results_read, results_write = os.pipe()
-        arguments = [str(notebook), assignment, str(results_write), str(limits.memory_bytes), str(limits.check_time_s)]
+        witness, witness_fd = start_witness(exercise)
+        arguments = [str(notebook), assignment, str(results_write), str(limits.memory_bytes), str(limits.check_time_s),
+                     str(witness_fd)]
         command = [sys.executable, "-I", "-c", CHILD_BOOT, *arguments]
         if limits.walls:
             readable = [*walls.course_files(excluded=answers), RELEASE_DIR / assignment / f"{assignment}.ipynb",
@@ -141,13 +148,28 @@ def grade_notebook(
             seccomp_fd = -1
             env = dict(os.environ, **CHILD_ENVIRONMENT)
             env[child_guard.PROTECTED_VARIABLE] = os.pathsep.join(str(p.resolve()) for p in (*protected, *answers))
-        run = run_child(command, env, limits.time_s, (results_read, results_write), seccomp_fd)
+        passed = tuple(fd for fd in (witness_fd, seccomp_fd) if fd >= 0)
+        run = run_child(command, env, limits.time_s, (results_read, results_write), passed)
+        if witness is not None:
+            witness.join(timeout=WITNESS_JOIN_S)
     observed = read_observations(run.results, {check.name for check in checks})
     missing = _missing_message(run.returncode, run.timed_out, limits, run.stderr_tail)
     cell_errors = observed.pop(CELL_ERRORS, Observed(observation=[])).observation
-    return [judge_observed(check, observed.get(check.name), missing, cell_errors) for check in checks]
+    return [judge_observed(check, observed.get(check.name), missing, cell_errors, witness) for check in checks]
 
 
+def start_witness(exercise: ModuleType) -> tuple[Witness | None, int]:
+    """The witness of the child's graded runs and the descriptor of its link, for an exercise whose checks
+    train (its module uses `autograder.harness`); (None, -1) for one whose checks only call functions."""
+    if not any(getattr(value, "__module__", None) == "autograder.harness" for value in vars(exercise).values()):
+        return None, -1
+    from autograder import witness
+
+    return witness.start()
+
+
+WITNESS_JOIN_S = 10.0
+"""How long the parent waits, once the child is gone, for the witness to read the link's last messages."""
 MAX_RESULTS_BYTES = 16 * MiB
 """What the parent reads of the child's observations at most; the rest is drained unread."""
 MAX_STDERR_BYTES = 64 * 1024
@@ -191,13 +213,18 @@ def _drain(stream: BinaryIO, keep: int, tail: bool, into: list[bytes]) -> None:
 
 
 def run_child(
-    command: list[str], env: dict[str, str] | None, time_s: float, results_pipe: tuple[int, int], seccomp_fd: int = -1
+    command: list[str],
+    env: dict[str, str] | None,
+    time_s: float,
+    results_pipe: tuple[int, int],
+    passed: tuple[int, ...] = (),
 ) -> ChildRun:
     """Run the grading child for at most `time_s`, reading what it writes to `results_pipe` (its observations,
     one JSON line each: nothing goes through its disk) and its stderr with caps, and kill its whole process
-    group at the limit. Closes the pipe's and `seccomp_fd`'s descriptors."""
+    group at the limit. The child inherits the pipe's write end and the descriptors `passed` (the witness's
+    link, the seccomp program); all of them, and the pipe, are closed here."""
     results_read, results_write = results_pipe
-    passed = (results_write,) if seccomp_fd < 0 else (results_write, seccomp_fd)
+    inherited = (results_write, *passed)
     try:
         child = subprocess.Popen(
             command,
@@ -207,13 +234,13 @@ def run_child(
             env=env,
             cwd="/",
             start_new_session=True,
-            pass_fds=passed,
+            pass_fds=inherited,
         )
     except BaseException:
         os.close(results_read)
         raise
     finally:
-        for fd in passed:
+        for fd in inherited:
             os.close(fd)
     results: list[bytes] = []
     stderr: list[bytes] = []
@@ -307,14 +334,26 @@ def read_observations(data: bytes, names: set[str]) -> dict[str, Observed]:
     return observed
 
 
-def judge_observed(check: Check, observed: Observed | None, missing: str, cell_errors: object) -> CheckResult:
-    """The check's result from what the child observed: judged here, 0 points without an observation."""
+def judge_observed(
+    check: Check, observed: Observed | None, missing: str, cell_errors: object, witness: Witness | None = None
+) -> CheckResult:
+    """The check's result from what the child observed: judged here, 0 points without an observation. Every
+    graded run in the observation is first held against what the `witness` carried (`verify_runs`)."""
     if observed is None:
         result = CheckResult(check.name, 0, check.points, missing)
     elif observed.failure is not None:
         result = CheckResult(check.name, 0, check.points, observed.failure)
     else:
-        result = judge_check(check, observed.observation)
+        try:
+            observation = observed.observation
+            if witness is not None:
+                from autograder.witness import verify_runs
+
+                observation = verify_runs(observation, witness)
+        except ObservationInvalid as error:
+            result = CheckResult(check.name, 0, check.points, str(error))
+        else:
+            result = judge_check(check, observation)
     listed = cell_errors[:MAX_CELL_ERRORS] if isinstance(cell_errors, list) else []
     errors = [e[:MAX_MESSAGE_CHARS] for e in listed if isinstance(e, str)]
     if not result.passed and errors:
@@ -349,7 +388,7 @@ def grade_submission(submission: Submission, checks: tuple[Check, ...]) -> Itera
 
 def child_main(argv: list[str]) -> int:
     """In the child: load the notebook, observe every check, append each observation to the results file."""
-    path, assignment, results_fd, memory_bytes, check_time_s = argv
+    path, assignment, results_fd, memory_bytes, check_time_s, witness_fd = argv
     _limit_resources(int(memory_bytes))
     seconds = float(check_time_s)
     signal.signal(signal.SIGALRM, functools.partial(_on_alarm, seconds))
@@ -358,6 +397,11 @@ def child_main(argv: list[str]) -> int:
     loaded = sorted(set(exercise.ANSWER_MODULES) & set(sys.modules))
     if loaded:
         raise RuntimeError(f"grader bug: the grading child loaded the reference answers {loaded}")
+    if int(witness_fd) >= 0:
+        from autograder import harness
+        from zero_core.backends.witnessed import connect
+
+        harness.use_witness(connect(int(witness_fd)))
     with os.fdopen(int(results_fd), "w") as out:
 
         def report(name: str, observed: Observed) -> None:

@@ -88,7 +88,7 @@ def probe(walled: bool, tmp_path: Path) -> dict:
         readable = walls.course_files(excluded=walls.module_files(ex04.ANSWER_MODULES))
         command, seccomp_fd = WALLS.wrap(command, readable, dict(WALLED_ENVIRONMENT))
         env = None
-    run = run_child(command, env, 60, (read, write), seccomp_fd)
+    run = run_child(command, env, 60, (read, write), (seccomp_fd,) if seccomp_fd >= 0 else ())
     assert run.returncode == 0, run.stderr_tail
     return json.loads(run.results)
 

@@ -40,6 +40,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
+from zero_core.backends.base import Backend
 from zero_core.backends.virtual import VirtualBackend
 from zero_core.comm import CommLedger
 from zero_core.context import RankContext, activate
@@ -196,6 +197,7 @@ class VirtualCluster:
         seed: int = 0,
         record_timeline: bool = True,
         max_running: int | None = None,
+        backend: Callable[[VirtualCluster, int], Backend] = VirtualBackend,
     ) -> None:
         if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
             raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
@@ -212,6 +214,9 @@ class VirtualCluster:
         self.timeout_s = timeout_s
         self.seed = seed
         self.record_timeline = record_timeline
+        self.backend = backend
+        """Makes each rank's backend: the rendezvous itself, or a graded run's witnessed one
+        (`zero_core.backends.witnessed`)."""
         self._lock = threading.Lock()
         self._reset()
 
@@ -284,7 +289,7 @@ class VirtualCluster:
             rank=rank,
             world_size=self.world_size,
             generator=torch.Generator().manual_seed(self.seed * 1_000_003 + rank),
-            backend=VirtualBackend(self, rank),
+            backend=self.backend(self, rank),
             ledger=self.ledger.ranks[rank],
             tracker=self.trackers[rank],
         )
