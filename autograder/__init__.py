@@ -7,8 +7,8 @@ into the reference training loop (`harness`) and returns the run as data (`recor
 it with a reference run (`verdicts`): losses and fp32 master weights bit for bit, memory from the
 audit of every storage, collectives from the ledger, and refuses the reference implementation itself
 (`integrity`). `submission` loads a notebook's solution cells; `sandbox` observes in a child process
-(walled in by `isolation` and `child_guard`) and judges in its parent; `nbgrader_grading` gives nbgrader
-the same verdicts; `cli` is `python -m autograder check NOTEBOOK` and `python -m autograder grade DIR`.
+(inside the operating system's walls, `walls` and `seccomp`, its collectives carried by `witness`) and
+judges in its parent; `nbgrader_grading` gives nbgrader the same verdicts; `cli` is `python -m autograder check NOTEBOOK` and `python -m autograder grade DIR`.
 
 Importing this package is cheap; the exercise modules import torch.
 """
