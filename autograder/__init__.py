@@ -6,9 +6,11 @@ check observes the student's code and judges what it saw (`checks`): observing p
 into the reference training loop (`harness`) and returns the run as data (`records`); judging compares
 it with a reference run (`verdicts`): losses and fp32 master weights bit for bit, memory from the
 audit of every storage, collectives from the ledger, and refuses the reference implementation itself
-(`integrity`). `submission` loads a notebook's solution cells; `sandbox` observes in a child process
-(inside the operating system's walls, `walls` and `seccomp`, its collectives carried by `witness`) and
-judges in its parent; `nbgrader_grading` gives nbgrader the same verdicts; `cli` is `python -m autograder check NOTEBOOK` and `python -m autograder grade DIR`.
+(`integrity`, and before anything runs the rules for graded cells, `policy`). `submission` loads a
+notebook's solution cells; `sandbox` observes in a child process (inside the operating system's walls,
+`walls` and `seccomp`, its collectives carried by `witness`) and judges in its parent; `nbgrader_grading`
+gives nbgrader the same verdicts; `cli` is `python -m autograder check NOTEBOOK` and
+`python -m autograder grade DIR`.
 
 Importing this package is cheap; the exercise modules import torch.
 """

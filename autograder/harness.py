@@ -25,7 +25,7 @@ import torch
 import torch.nn as nn
 
 from autograder.checks import CheckFailed, describe_exception
-from autograder.integrity import ReferenceUsed, StudentShard
+from autograder.integrity import StudentShard
 from autograder.records import RankRecord, Run
 from zero_core import schedule
 from zero_core.backends.witnessed import WitnessedBackend, WitnessLink
@@ -73,7 +73,8 @@ class RecordingAdam(AdamShard):
 
 
 class Recording:
-    """Mixin for a `ZeroStage`: records each rank's work, and hands student Functions a `StudentShard`."""
+    """Mixin for a `ZeroStage`: records each rank's work, and hands student Functions a `StudentShard` (the
+    layer's data, without the reference's collectives)."""
 
     exercise = ""
 
@@ -205,8 +206,6 @@ def use_witness(link: WitnessLink) -> None:
 
 def explain_failure(error: BaseException, what: str) -> str:
     """A message for a run that did not finish: the rank, the collective, and what to look at."""
-    if isinstance(error, RankFailed) and isinstance(error.error, ReferenceUsed):
-        return f"{what}: {error.error}"
     if isinstance(error, RankFailed):
         return f"{what}: rank {error.rank} raised {describe_exception(error.error)}"
     if isinstance(error, CollectiveMismatch | CollectiveDeadlock | CollectiveTimeout):

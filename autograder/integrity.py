@@ -1,21 +1,24 @@
 """Students write the ZeRO pieces themselves: using the reference implementation scores 0 for the exercise.
 
 The reference stages (`zero_core.stages`) hold exactly the code the exercises ask for, and the grader
-(`autograder`) runs it, so a submission may use neither. Three nets catch it:
+(`autograder`) runs it, so a submission may use neither. Three nets keep it out, none of which looks for
+the reference's names (a student's own method may well be called `gather_parameters`):
 
-- `scan_source`: the AST of the solution cells (the grader reads them before running anything): imports
-  of a forbidden module, by statement or by a call naming it (`importlib.import_module("...")`,
-  `sys.modules["..."]`), and calls of the reference `LayerShard` methods. A string, comment or docstring
-  that merely mentions a module is never held against a submission;
-- `scan_objects`: the student's classes and functions at run time (what nbgrader's test cells see):
-  a base class from a forbidden module, or a global name used by the student's code that refers to one;
-- `StudentShard`: the `shard` a student's autograd Function receives raises `ReferenceUsed` if the
-  reference's collectives are called on it.
+- the rules for graded cells (`autograder.policy`, `POLICY_LINE`): checked on the solution cells' source
+  before anything runs (`submission.reference_uses`); among them, that a cell imports no module the
+  exercise puts off limits. A cell that breaks a rule costs the exercise every point (`verdict`);
+- `require_own_code`, at run time (what nbgrader's test cells and the grading child see): the student's
+  classes and functions (`scan_objects`: a base class from a forbidden module, or a global name of the
+  student's code that refers to one) and the imports of the cells that define them;
+- what the student's code is handed: `StudentShard`, the `shard` of the exercises, has the layer's data
+  and none of the reference's collectives, and keeps the stage's shard in no attribute.
+
+Behind them, the grading child's walls leave the answers out (`autograder.walls`), and the judge tells
+collectives the course's code issued from the student's (`autograder.verdicts`).
 """
 
 from __future__ import annotations
 
-import ast
 import inspect
 import linecache
 import types
@@ -23,6 +26,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from autograder.checks import CheckFailed
+from autograder.graded_cells import GradedCells
+from autograder.policy import OFF_LIMITS, POLICY_LINE, module_of, under
 
 REFERENCE_MODULES = ("zero_core.stages", "zero_core.experiment", "zero_core.cli", "autograder")
 """Off limits in every exercise: the reference stages, what runs them, and the grader itself."""
@@ -51,73 +56,6 @@ def answer_modules(scaffolding: tuple[str, ...] = ()) -> tuple[str, ...]:
     """What a grading child may neither have loaded nor load: the reference code, except the `scaffolding`
     the exercise's checks plug the student's code into (ZeRO-2 for ex03, ZeRO-3 for ex04)."""
     return tuple(module for module in REFERENCE_CODE if module not in scaffolding)
-
-
-SHARD_REFERENCE_METHODS = ("reduce_scatter_gradients", "gather_parameters", "release_parameters", "allocate_gathered")
-
-
-class ReferenceUsed(RuntimeError):
-    """Raised when a submission calls the reference implementation it is asked to write."""
-
-
-def _forbidden(name: str, forbidden: tuple[str, ...]) -> str | None:
-    for module in forbidden:
-        if name == module or name.startswith(module + "."):
-            return module
-    return None
-
-
-IMPORT_CALLS = ("import_module", "__import__")
-"""Calls that import a module named by a string: `importlib.import_module(...)`, `__import__(...)`."""
-
-
-def _imported_by_call(node: ast.AST) -> list[str]:
-    """The module a call or a `sys.modules[...]` lookup names with a literal string, if it does."""
-    if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
-        function = node.func
-        name = function.attr if isinstance(function, ast.Attribute) else getattr(function, "id", "")
-        if name in IMPORT_CALLS and isinstance(node.args[0].value, str):
-            return [node.args[0].value.strip()]
-    if (
-        isinstance(node, ast.Subscript)
-        and isinstance(node.value, ast.Attribute)
-        and node.value.attr == "modules"
-        and isinstance(node.slice, ast.Constant)
-        and isinstance(node.slice.value, str)
-    ):
-        return [node.slice.value.strip()]
-    return []
-
-
-def scan_source(source: str, forbidden: tuple[str, ...]) -> list[str]:
-    """Problems in one solution cell's code, with lines: imports of a forbidden module (statements, and calls
-    that import a module named by a literal string), and calls of the reference's shard methods. Strings,
-    comments and docstrings that merely name a module are never a problem."""
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        return []
-    problems = []
-    for node in ast.walk(tree):
-        names: list[str] = _imported_by_call(node)
-        if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
-        elif isinstance(node, ast.Attribute) and node.attr in SHARD_REFERENCE_METHODS:
-            problems.append(f"line {node.lineno}: `.{node.attr}` is the reference's collective; write it yourself")
-        for name in names:
-            module = _forbidden(name, forbidden)
-            if module:
-                problems.append(f"line {node.lineno}: uses `{name}` ({module} is off limits in this exercise)")
-                break
-    return problems
-
-
-def _module_of(value: Any) -> str:
-    if isinstance(value, types.ModuleType):
-        return value.__name__
-    return getattr(value, "__module__", None) or ""
 
 
 def _functions_of(obj: Any) -> Iterable[types.FunctionType]:
@@ -158,11 +96,11 @@ def scan_objects(objects: dict[str, Any], forbidden: tuple[str, ...]) -> list[st
         seen.add(id(obj))
         if inspect.isclass(obj):
             for base in obj.__mro__[1:]:
-                module = _forbidden(_module_of(base), forbidden)
+                module = under(module_of(base), forbidden)
                 if module:
                     problems.append(f"`{label}` subclasses {base.__module__}.{base.__qualname__} ({module})")
-        if _forbidden(_module_of(obj), forbidden):
-            problems.append(f"`{label}` is {_module_of(obj)}'s, not yours")
+        if under(module_of(obj), forbidden):
+            problems.append(f"`{label}` is {module_of(obj)}'s, not yours")
             return
         for function in _functions_of(obj):
             for code in _code_objects(function.__code__):
@@ -170,14 +108,14 @@ def scan_objects(objects: dict[str, Any], forbidden: tuple[str, ...]) -> list[st
                     if name not in function.__globals__:
                         continue
                     value = function.__globals__[name]
-                    module = _forbidden(_module_of(value), forbidden)
+                    module = under(module_of(value), forbidden)
                     if module:
-                        problems.append(f"`{function.__qualname__}` uses `{name}` from {_module_of(value)}")
+                        problems.append(f"`{function.__qualname__}` uses `{name}` from {module_of(value)}")
                     elif isinstance(value, types.ModuleType):
                         for attr in code.co_names:
                             inner = getattr(value, attr, None)
-                            if inner is not None and _forbidden(_module_of(inner), forbidden):
-                                problems.append(f"`{function.__qualname__}` uses `{name}.{attr}` ({_module_of(inner)})")
+                            if inner is not None and under(module_of(inner), forbidden):
+                                problems.append(f"`{function.__qualname__}` uses `{name}.{attr}` ({module_of(inner)})")
                     elif _written_beside(value, function):
                         visit(name, value)
 
@@ -190,8 +128,8 @@ def verdict(problems: list[str], exercise: str) -> str:
     """The message that costs the exercise all its points."""
     listed = "\n".join(f"  - {p}" for p in problems)
     return (
-        f"0 points for {exercise}: the submission uses the reference implementation it is asked to write.\n"
-        f"{listed}\nWrite it yourself, with what the exercise's introduction allows."
+        f"0 points for {exercise}: the submission uses the reference implementation it is asked to write, or "
+        f"breaks a rule for graded cells.\n{listed}\nThe rules: {POLICY_LINE}"
     )
 
 
@@ -217,8 +155,9 @@ def require_own_code(
     """Raise `CheckFailed` (0 points) if the exercise's objects use the reference implementation.
 
     Looks at every object the exercise asks for (`names`, found next to `objects` in their globals, so a
-    check of one function judges the whole exercise), at their classes and globals, and at the source
-    of the cells that define them.
+    check of one function judges the whole exercise), at their classes and globals, and at the imports of
+    the cells that define them. The other rules for graded cells are the grader's to judge, on the
+    notebook (`submission.reference_uses`).
     """
     everything = dict(objects)
     for obj in objects.values():
@@ -229,32 +168,52 @@ def require_own_code(
     problems = scan_objects(everything, forbidden)
     for filename, name in _defining_cells(everything).items():
         source = "".join(linecache.getlines(filename))
-        problems += [f"in the cell of `{name}`, {p}" for p in scan_source(source, forbidden)]
+        uses = [p for p in GradedCells(forbidden).check(source) if p.rule == OFF_LIMITS]
+        problems += [f"in the cell of `{name}`, {p}" for p in uses]
     if problems:
         raise CheckFailed(verdict(sorted(set(problems)), exercise))
 
 
-class StudentShard:
-    """The `shard` a student's Function receives: the reference `LayerShard`'s data, not its collectives.
+SHARD_DATA = ("name", "shapes", "partition", "rank", "tracker", "dtype", "grad", "param", "micro_step", "micro_steps")
+"""What the exercises' tables of the `shard` argument promise: the layer's data, read from the stage's shard
+when the student's code asks (ex08's `micro_step` changes between micro-batches)."""
+SHARD_TENSORS = ("grad", "param")
+"""The data a student's code may assign (`shard.grad += chunk` assigns the tensor it added into)."""
 
-    Attributes read and written go to the real shard (`name`, `shapes`, `partition`, `rank`, `grad`,
-    `param`, `tracker`, `dtype`), so the stage sees what the student's code wrote.
+
+def _live(shard: Any, name: str) -> property:
+    def read(view: StudentShard) -> Any:
+        return getattr(shard, name)
+
+    def write(view: StudentShard, value: Any) -> None:
+        setattr(shard, name, value)
+
+    return property(read, write if name in SHARD_TENSORS else None, doc=f"The stage's `shard.{name}`.")
+
+
+class StudentShard:
+    """The `shard` a student's code receives: the layer's data (`SHARD_DATA`), and nothing else.
+
+    The stage's own shard (`LayerShard`) also does the layer's collectives, which are the exercises'
+    answers: this view has no method of it, and keeps it in no attribute. Each view gets a class of its
+    own whose properties read (and, for `SHARD_TENSORS`, write) the data of that one shard: only their
+    closures refer to it, and reaching a closure takes a dunder the rules for graded cells refuse. A
+    student's code may keep its own attributes on the view.
     """
 
-    def __init__(self, shard: Any, exercise: str) -> None:
-        object.__setattr__(self, "_shard", shard)
-        object.__setattr__(self, "_exercise", exercise)
+    def __new__(cls, shard: Any, exercise: str) -> StudentShard:
+        held = tuple(name for name in SHARD_DATA if hasattr(shard, name))
+        attributes: dict[str, Any] = {name: _live(shard, name) for name in held}
+        attributes.update(_exercise=exercise, _held=held)
+        return object.__new__(type(cls.__name__, (cls,), attributes))
 
     def __getattr__(self, name: str) -> Any:
-        if name in SHARD_REFERENCE_METHODS:
-            raise ReferenceUsed(
-                f"{self._exercise}: `shard.{name}` is the reference implementation; write the collective "
-                "yourself with zero_core.dist (0 points for this exercise)"
-            )
-        return getattr(self._shard, name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        setattr(self._shard, name, value)
+        """Only for a name the view does not have: say what it has, and that the collectives are the student's."""
+        raise AttributeError(
+            f"{type(self)._exercise}: the shard you receive holds the layer's data ({', '.join(type(self)._held)}) "
+            f"and has no `{name}`: its collectives are the reference implementation, not part of it. Write yours "
+            "with zero_core.dist."
+        )
 
     def __repr__(self) -> str:
-        return f"<shard of {self._shard.name}>"
+        return f"<shard of {self.name}>"

@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from autograder.checks import describe_exception
-from autograder.integrity import REFERENCE_MODULES, scan_source
+from autograder.graded_cells import GradedCells
+from autograder.integrity import REFERENCE_MODULES
 
 ROOT = Path(__file__).resolve().parents[1]
 RELEASE_DIR = ROOT / "exercises"
@@ -134,18 +135,19 @@ def _trusted_cells(path: Path, assignment: str) -> tuple[list[dict], dict[str, s
 
 
 def reference_uses(path: Path, assignment: str) -> list[str]:
-    """Uses of the reference implementation in the solution cells the grader runs, found by parsing them
-    (nothing runs): what costs a submission every point."""
+    """The rules for graded cells (`autograder.policy`) that the solution cells the grader runs break, found
+    by parsing them (nothing runs): what costs a submission every point."""
     return _reference_uses(*_trusted_cells(path, assignment), assignment)
 
 
 def _reference_uses(trusted: list[dict], solutions: dict[str, str], assignment: str) -> list[str]:
     forbidden = getattr(exercise_module(assignment), "FORBIDDEN", REFERENCE_MODULES)
+    rules = GradedCells(forbidden, setup=[cell["source"] for cell in trusted if is_setup_cell(cell)])
     return [
         f"cell `{grade_id}`, {problem}"
         for cell in trusted
         if is_solution_cell(cell) and (grade_id := _nbgrader(cell).get("grade_id", "")) in solutions
-        for problem in scan_source(solutions[grade_id], forbidden)
+        for problem in rules.check(without_magics(solutions[grade_id]))
     ]
 
 

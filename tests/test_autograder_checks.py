@@ -1,7 +1,9 @@
-"""The checks as a notebook's test cells call them, and the nets that keep the reference implementation out."""
+"""The checks as a notebook's test cells call them, and the nets that keep the reference implementation out
+(the rules for graded cells have their own file, tests/test_graded_cell_policy.py)."""
 
 from __future__ import annotations
 
+import linecache
 import sys
 import warnings
 from types import SimpleNamespace
@@ -9,7 +11,8 @@ from types import SimpleNamespace
 import pytest
 
 from autograder import ex05
-from autograder.integrity import REFERENCE_MODULES, ReferenceUsed, StudentShard, scan_objects, scan_source
+from autograder.checks import CheckFailed
+from autograder.integrity import REFERENCE_MODULES, StudentShard, require_own_code, scan_objects
 from autograder.submission import without_magics
 
 
@@ -56,24 +59,6 @@ def test_a_subclass_of_the_reference_scores_zero_in_a_test_cell_too() -> None:
         ex04.check_training(GatherLinear, zero3.GatherEmbedding, world_sizes=[2])
 
 
-def test_scan_source_finds_imports_import_calls_and_reference_methods_but_not_mentions() -> None:
-    source = '''
-"""Unlike zero_core.stages, this is mine."""
-import importlib
-import sys
-from zero_core.stages.zero2_linear import ReduceScatterLinear
-from zero_core import dist
-stages = importlib.import_module("zero_core.stages.zero3")
-def backward(ctx, grad):
-    ctx.shard.reduce_scatter_gradients([grad])
-cached = sys.modules["zero_core.stages.zero2"]
-NOTE = "zero_core.stages"  # where I read about buckets
-print("compare with zero_core.stages.zero2")
-'''
-    problems = scan_source(source, REFERENCE_MODULES)
-    assert sorted(int(p.split(":")[0].removeprefix("line ")) for p in problems) == [5, 7, 9, 10]
-
-
 def test_scan_objects_follows_helpers_to_a_reference_they_use() -> None:
     namespace: dict = {}
     exec(
@@ -86,14 +71,40 @@ def test_scan_objects_follows_helpers_to_a_reference_they_use() -> None:
     assert problems == ["`helper` uses `zero2` from zero_core.stages.zero2_linear"]
 
 
-def test_the_students_shard_has_the_data_but_not_the_reference_collectives() -> None:
+def test_the_students_shard_reads_and_writes_the_data_and_has_none_of_the_reference_collectives() -> None:
     real = SimpleNamespace(name="blocks.0.mlp.fc", grad="shard", reduce_scatter_gradients=lambda grads: None)
     shard = StudentShard(real, "ex03")
     assert shard.name == "blocks.0.mlp.fc" and shard.grad == "shard"
     shard.grad = "written"
     assert real.grad == "written"
-    with pytest.raises(ReferenceUsed, match="write the collective yourself"):
+    assert not hasattr(shard, "reduce_scatter_gradients")
+    with pytest.raises(AttributeError, match="has no `reduce_scatter_gradients`: its collectives are the reference"):
         shard.reduce_scatter_gradients([])
+    with pytest.raises(AttributeError):
+        shard.name = "another layer"
+
+
+def test_the_students_shard_keeps_the_stages_shard_in_no_attribute() -> None:
+    real = SimpleNamespace(name="blocks.0.mlp.fc", grad="shard")
+    shard = StudentShard(real, "ex03")
+    shard.mine = "the student's own"
+    reachable = [*vars(shard).values(), *vars(type(shard)).values(), *vars(StudentShard).values()]
+    assert all(value is not real for value in reachable)
+
+
+def test_the_run_time_net_judges_only_the_imports_of_the_defining_cell() -> None:
+    """A cell that breaks another rule (here `vars`) is the grader's to judge on the notebook; at run time
+    only a forbidden import costs the points."""
+    namespace: dict = {}
+    source = "def my_function(x):\n    return vars(x)\n"
+    linecache.cache["<cell own>"] = (len(source), None, source.splitlines(keepends=True), "<cell own>")
+    exec(compile(source, "<cell own>", "exec"), namespace)
+    require_own_code({"my_function": namespace["my_function"]}, ("my_function",), REFERENCE_MODULES, "ex05")
+    source = "def my_function(x):\n    from zero_core.stages import zero2\n    return x\n"
+    linecache.cache["<cell reference>"] = (len(source), None, source.splitlines(keepends=True), "<cell reference>")
+    exec(compile(source, "<cell reference>", "exec"), namespace)
+    with pytest.raises(CheckFailed, match="line 2: `from zero_core.stages import zero2` uses zero_core.stages"):
+        require_own_code({"my_function": namespace["my_function"]}, ("my_function",), REFERENCE_MODULES, "ex05")
 
 
 def test_magics_in_a_solution_cell_do_not_stop_it_from_loading() -> None:
