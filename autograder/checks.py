@@ -21,19 +21,29 @@ it, so that nbgrader and the `python -m autograder` commands give the same point
 - For a grade (`autograder.sandbox`), a child process runs `observe` and writes the observation; the
   parent, which never runs student code, runs `judge` and assigns the points. `run_check` does both in
   one process (tests), passing the observation through JSON as the child does.
+
+A hidden check's parameters (its world sizes, bucket sizes, ...) are not in the course's files: the grading
+parent draws them (`drawn`) from the instructor's secret (`grading_secret`) and hands them to the child as
+the check's arguments (`drawn_parameters`, `with_parameters`). A check's `kwargs` are then only what the
+solution notebook's hidden test cell calls in an instructor's kernel.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
+import hmac
 import io
 import json
+import os
+import random
+import secrets
 import sys
 import traceback
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +56,15 @@ class CheckFailed(AssertionError):
 
 class ObservationInvalid(CheckFailed):
     """The data a check's `observe` returned is not what it makes: 0 points, whatever it claims."""
+
+
+IMPOSSIBLE = "the observation cannot be true"
+
+
+def impossible(what: str) -> ObservationInvalid:
+    """The verdict on data that no run of any code makes (a negative peak, a run on other world sizes than
+    the check asked for, a list of the wrong length): `what` says which part cannot be true."""
+    return ObservationInvalid(f"{IMPOSSIBLE}: {what}: no points")
 
 
 @dataclass(frozen=True)
@@ -79,6 +98,10 @@ class Check:
     names: tuple[str, ...]
     kwargs: dict[str, Any] = field(default_factory=dict)
     hidden: bool = False
+    draw: Callable[[random.Random], dict[str, Any]] | None = None
+    """A hidden check's arguments when graded, drawn from the instructor's secret (`drawn`); checks that
+    share a draw get the same arguments, so their runs are made once. `kwargs` are then the call of the
+    solution notebook's hidden test cell."""
 
     def call(self) -> str:
         arguments = list(self.names) + [f"{key}={value!r}" for key, value in self.kwargs.items()]
@@ -188,6 +211,76 @@ def observe_check(check: Check, namespace: dict[str, Any]) -> Observed:
         raise
     except BaseException as error:  # the student's code may raise anything, SystemExit included
         return Observed(failure=f"the check stopped with {describe_exception(error)}")
+
+
+ROOT = Path(__file__).resolve().parents[1]
+SECRET_FILE = ROOT / ".grading-secret"
+"""The instructor's secret (git-ignored, mode 0600), from which the hidden checks' parameters are drawn."""
+SECRET_FILE_VARIABLE = "AUTOGRADER_SECRET_FILE"
+"""An environment variable naming another file that holds the secret (a copy kept outside the course)."""
+
+
+def secret_path() -> Path:
+    return Path(os.environ.get(SECRET_FILE_VARIABLE) or SECRET_FILE)
+
+
+def grading_secret(create: bool = False) -> bytes:
+    """The secret the hidden checks' parameters are drawn from: the file `secret_path()` names.
+
+    Without that file, `create` makes it (32 random bytes in hex, mode 0600: the instructor's grading does,
+    on its first run); otherwise, as in a student's copy of the course, each call returns a fresh random
+    secret, so the hidden checks run on other parameters every time and none can be tuned to. A file that
+    other users may read is refused: they could compute every hidden parameter from it.
+    """
+    path = secret_path()
+    if create:
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            pass
+        else:
+            with os.fdopen(fd, "w") as handle:
+                handle.write(secrets.token_hex(32) + "\n")
+    if not path.exists():
+        if SECRET_FILE_VARIABLE in os.environ:
+            raise FileNotFoundError(f"{SECRET_FILE_VARIABLE} names {path}, which does not exist")
+        return secrets.token_bytes(32)
+    if path.stat().st_mode & 0o077:
+        raise PermissionError(f"{path} may be read by other users, who could draw the hidden checks: chmod 600 it")
+    secret = path.read_bytes().strip()
+    if not secret:
+        raise ValueError(f"{path} is empty: delete it, and the next grading makes a new secret")
+    return secret
+
+
+def parameter_random(secret: bytes, assignment: str, draw: Callable[..., Any]) -> random.Random:
+    """The random numbers `draw` takes for `assignment`: seeded by HMAC-SHA256(secret, assignment/draw)."""
+    message = f"{assignment}/{draw.__qualname__}".encode()
+    return random.Random(int.from_bytes(hmac.new(secret, message, hashlib.sha256).digest(), "big"))
+
+
+def drawn(checks: tuple[Check, ...], assignment: str, secret: bytes) -> tuple[Check, ...]:
+    """The checks as graded: each check with a `draw` gets the arguments it draws for `assignment` from
+    `secret` (as JSON data, what the child receives); the others stay as they are."""
+    return tuple(
+        replace(check, kwargs=through_json(check.draw(parameter_random(secret, assignment, check.draw))))
+        if check.draw
+        else check
+        for check in checks
+    )
+
+
+def drawn_parameters(checks: tuple[Check, ...]) -> dict[str, dict[str, Any]]:
+    """{check name: arguments} of the drawn checks: what the grading parent passes to its child."""
+    return {check.name: check.kwargs for check in checks if check.draw}
+
+
+def with_parameters(checks: tuple[Check, ...], parameters: dict[str, dict[str, Any]]) -> tuple[Check, ...]:
+    """In the child: `checks` with the arguments the parent drew (`drawn_parameters`)."""
+    drawable = {check.name for check in checks if check.draw}
+    if not isinstance(parameters, dict) or not set(parameters) <= drawable:
+        raise ValueError(f"grader bug: the parent drew parameters for no such checks: {parameters!r:.200}")
+    return tuple(replace(check, kwargs=parameters.get(check.name, check.kwargs)) for check in checks)
 
 
 def judge_check(check: Check, observation: Any) -> CheckResult:

@@ -40,7 +40,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from autograder import walls
-from autograder.checks import CheckResult, format_points, print_results, total
+from autograder.checks import CheckResult, format_points, grading_secret, print_results, total
 from autograder.sandbox import ROOT, Limits, grade_notebook
 from autograder.submission import EXERCISES, assignment_of, exercise_module, unreadable
 
@@ -223,15 +223,19 @@ def feedback_text(student: str, graded: dict[str, list[CheckResult]], walled: bo
 
 
 def grade_student(
-    student_dir: Path, assignments: list[str], limits: Limits, protected: tuple[Path, ...] = ()
+    student_dir: Path,
+    assignments: list[str],
+    limits: Limits,
+    protected: tuple[Path, ...] = (),
+    secret: bytes | None = None,
 ) -> dict[str, list[CheckResult]]:
-    """Every assignment of one student; `protected` (the grades file, the feedback folder) is out of the
-    submission's reach."""
+    """Every assignment of one student, the hidden checks drawn from `secret`; `protected` (the grades file,
+    the feedback folder) is out of the submission's reach."""
     notebooks = find_notebooks(student_dir, assignments)
     graded = {}
     for assignment in assignments:
         if assignment in notebooks:
-            graded[assignment] = grade_notebook(notebooks[assignment], assignment, limits, protected)
+            graded[assignment] = grade_notebook(notebooks[assignment], assignment, limits, protected, secret)
         else:
             graded[assignment] = [
                 CheckResult(c.name, 0, c.points, f"no {assignment}.ipynb submitted")
@@ -250,6 +254,7 @@ def run_grade_command(args: argparse.Namespace) -> int:
         raise UsageError(f"unknown assignment(s) {unknown}; the course has {', '.join(EXERCISES)}")
     out, feedback_dir = Path(args.out), Path(args.feedback)
     walled = walls_for_grading(args.no_walls)
+    secret = grading_secret(create=True)
     fieldnames = ["student", *assignments, "total", "max_total", "seconds", "walls", SIGNATURE]
     key = grading_key(out)
     rows, forged = signed_rows([] if args.force else read_rows(out, fieldnames), key, fieldnames)
@@ -264,7 +269,7 @@ def run_grade_command(args: argparse.Namespace) -> int:
     feedback_dir.mkdir(parents=True, exist_ok=True)
     for student_dir in tqdm(pending, desc="grading", unit="student", disable=args.no_progress):
         started = time.perf_counter()
-        graded = grade_student(student_dir, assignments, limits, protected=(out, key_path(out), feedback_dir))
+        graded = grade_student(student_dir, assignments, limits, (out, key_path(out), feedback_dir), secret)
         row = {"student": student_dir.name, "seconds": f"{time.perf_counter() - started:.1f}",
                "walls": "on" if walled else UNWALLED}
         for assignment, results in graded.items():

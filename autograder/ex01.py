@@ -4,20 +4,31 @@ The student writes `my_all_reduce(tensor)` (in place, sum over the ranks, any sh
 padded to a multiple of N) on `zero_core.dist`'s reduce-scatter and all-gather, which is how NCCL's ring
 all-reduce works and why it costs 2(N-1)/N of the buffer per rank (ZeRO §7.1); and
 `ring_bytes_sent(op, numel, element_size, world_size)`, the bytes each rank sends for a collective on a
-buffer of `numel` elements padded the same way.
+buffer of `numel` elements padded the same way. The hidden checks' world sizes are drawn at grading time
+(`draw_all_reduce_sizes`, `draw_ring_sizes`).
 """
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from autograder.checks import Check, CheckFailed, ObservationInvalid, graded
+from autograder.checks import Check, CheckFailed, graded
 from autograder.harness import COLLECTIVE_TIMEOUT_S, RUN_DEADLINE_S, run_once
 from autograder.integrity import REFERENCE_MODULES, answer_modules, require_own_code
-from autograder.records import decode_floats, encode_floats
+from autograder.records import (
+    count,
+    decode_floats,
+    encode_floats,
+    listed,
+    require,
+    returned_values,
+    runs_asked,
+    well_formed,
+)
 from zero_core import comm, dist
 from zero_core.cluster import VirtualCluster
 from zero_core.context import current
@@ -36,7 +47,9 @@ CASES = (
 )
 """(shape, dtype) of the tensors all-reduced; most sizes do not divide by most N, so padding is needed."""
 VISIBLE_WORLD_SIZES = [2, 4]
-HIDDEN_WORLD_SIZES = [3, 5, 7]
+HIDDEN_CELL_WORLD_SIZES = [3, 5, 7]
+HIDDEN_CELL_RING_WORLD_SIZES = [1, 3, 5, 7, 64]
+"""What the solution notebook's hidden test cells call in a kernel; a grade draws its own sizes."""
 OPS = ("all_reduce", "reduce_scatter", "all_gather")
 ALL_REDUCE = ("my_all_reduce",)
 RING_BYTES = ("ring_bytes_sent",)
@@ -109,44 +122,40 @@ def observe_all_reduce(my_all_reduce: Callable, world_sizes: list[int]) -> dict:
     return {"runs": runs}
 
 
-def _outcomes(observation: object, world_size: int) -> list[list[CaseOutcome]]:
-    """The observed outcomes on `world_size` ranks, validated; CheckFailed for a run that failed."""
-    runs = observation.get("runs") if isinstance(observation, dict) else None
-    entry = runs.get(str(world_size)) if isinstance(runs, dict) else None
+def _outcomes(observation: object, world_sizes: list[int], world_size: int) -> list[list[CaseOutcome]]:
+    """The observed outcomes on `world_size` ranks, validated; CheckFailed for a run that failed, and
+    `ObservationInvalid` for runs on other world sizes than `world_sizes` or data no run makes."""
+    entry = runs_asked(observation, world_sizes)[str(world_size)]
     if isinstance(entry, dict) and isinstance(entry.get("failure"), str):
         raise CheckFailed(entry["failure"][:4000])
-    bad = ObservationInvalid(f"the grading process returned malformed data ({world_size} ranks): no points")
-    if not isinstance(entry, dict) or not all(isinstance(entry.get(k), list) for k in ("results", "returned")):
-        raise bad
-    results, returned, collectives = entry["results"], entry["returned"], entry.get("collectives")
-    if len(results) != world_size or len(returned) != world_size or not isinstance(collectives, list):
-        raise bad
-    if len(collectives) != len(CASES) or any(len(r) != len(CASES) for r in (*results, *returned)):
-        raise bad
+    where = f"on {world_size} ranks"
+    well_formed(isinstance(entry, dict), f"the run {where}")
+    results = listed(entry.get("results"), f"the results {where} (one per rank)", world_size)
+    returned = listed(entry.get("returned"), f"the returned values {where} (one per rank)", world_size)
+    collectives = listed(entry.get("collectives"), f"rank 0's collectives {where} (one list per case)", len(CASES))
     outcomes = []
     for rank in range(world_size):
+        listed(results[rank], f"rank {rank}'s results {where} (one per case)", len(CASES))
+        listed(returned[rank], f"rank {rank}'s returned values {where} (one per case)", len(CASES))
         per_case = []
         for case, (shape, dtype) in enumerate(CASES):
             what = f"rank {rank}, case {case}"
             result = _read_values(results[rank][case], shape, dtype, what)
             back = returned[rank][case]
             back = None if back is None else _read_values(back, shape, dtype, what)
-            seen = collectives[case] if rank == 0 else []
-            if not all(_is_collective(c) for c in seen):
-                raise bad
-            per_case.append(CaseOutcome(result, back, [tuple(c) for c in seen]))
+            seen = listed(collectives[case], f"the collectives of case {case}") if rank == 0 else []
+            per_case.append(CaseOutcome(result, back, [_collective(c, f"case {case}'s collective") for c in seen]))
         outcomes.append(per_case)
     return outcomes
 
 
-def _is_collective(entry: object) -> bool:
-    return (
-        isinstance(entry, list)
-        and len(entry) == 3
-        and isinstance(entry[0], str)
-        and isinstance(entry[1], str)
-        and isinstance(entry[2], int)
-    )
+def _collective(entry: object, what: str) -> tuple[str, str, int]:
+    """(op, dtype, elements) as the ledger records a collective: an op and a dtype it knows, at least 0 elements."""
+    well_formed(isinstance(entry, list) and len(entry) == 3, f"{what} is not (op, dtype, elements)")
+    op, dtype, elements = entry
+    require(op in comm.OPS, f"{what} is a {op!r:.40}, no collective the ledger records")
+    well_formed(isinstance(dtype, str) and isinstance(getattr(torch, dtype, None), torch.dtype), f"{what}'s dtype")
+    return op, dtype, count(elements, f"{what}'s elements")
 
 
 def _expected_sum(case: int, world_size: int) -> torch.Tensor:
@@ -194,14 +203,14 @@ def _check_collectives(outcomes: list[list[CaseOutcome]], world_size: int) -> No
 def judge_all_reduce(observation: object, world_sizes: list[int]) -> str:
     """my_all_reduce gives every rank the sum, in place, bit for bit as dist.all_reduce."""
     for n in world_sizes:
-        _check_values(_outcomes(observation, n), n)
+        _check_values(_outcomes(observation, world_sizes, n), n)
     return f"{', '.join(map(str, world_sizes))} ranks, {len(CASES)} shapes and dtypes: the exact sum, in place"
 
 
 def judge_all_reduce_collectives(observation: object, world_sizes: list[int]) -> str:
     """Exactly one reduce-scatter then one all-gather of the padded buffer: the ring all-reduce's volume."""
     for n in world_sizes:
-        _check_collectives(_outcomes(observation, n), n)
+        _check_collectives(_outcomes(observation, world_sizes, n), n)
     return f"{', '.join(map(str, world_sizes))} ranks: one reduce-scatter and one all-gather of the padded buffer"
 
 
@@ -245,9 +254,7 @@ def observe_ring_bytes(ring_bytes_sent: Callable, world_sizes: list[int]) -> dic
 def judge_ring_bytes(observation: object, world_sizes: list[int]) -> str:
     """Bytes one rank sends on a ring, for each collective, on buffers padded to a multiple of N."""
     calls = _ring_calls(world_sizes)
-    returned = observation.get("returned") if isinstance(observation, dict) else None
-    if not isinstance(returned, list) or len(returned) != len(calls):
-        raise ObservationInvalid("the grading process returned malformed data (not one value per call): no points")
+    returned = returned_values(observation, "returned", len(calls))
     for (op, numel, element_size, n), got in zip(calls, returned, strict=True):
         expected = expected_ring_bytes(op, numel, element_size, n)
         if isinstance(got, bool) or not isinstance(got, int | float) or got != expected:
@@ -265,6 +272,21 @@ def judge_ring_bytes(observation: object, world_sizes: list[int]) -> str:
 check_ring_bytes = graded("check_ring_bytes", observe_ring_bytes, judge_ring_bytes)
 
 
+HIDDEN_ALL_REDUCE_SIZES = range(3, 9)
+HIDDEN_RING_SIZES = (range(3, 17), range(17, 129))
+
+
+def draw_all_reduce_sizes(rng: random.Random) -> dict:
+    """Three world sizes of 3 to 8 (3, 5 and 7 in the notebook): most pad the cases' tensors."""
+    return {"world_sizes": sorted(rng.sample(HIDDEN_ALL_REDUCE_SIZES, 3))}
+
+
+def draw_ring_sizes(rng: random.Random) -> dict:
+    """1, three world sizes of 3 to 16 and one of 17 to 128 (1, 3, 5, 7, 64 in the notebook): 150 cases."""
+    small, large = HIDDEN_RING_SIZES
+    return {"world_sizes": [1, *sorted(rng.sample(small, 3)), rng.choice(large)]}
+
+
 CHECKS = (
     Check("test_all_reduce", 2, check_all_reduce, ALL_REDUCE, {"world_sizes": VISIBLE_WORLD_SIZES}),
     Check(
@@ -279,9 +301,18 @@ CHECKS = (
         2,
         check_all_reduce_values_and_collectives,
         ALL_REDUCE,
-        {"world_sizes": HIDDEN_WORLD_SIZES},
+        {"world_sizes": HIDDEN_CELL_WORLD_SIZES},
         hidden=True,
+        draw=draw_all_reduce_sizes,
     ),
     Check("test_ring_bytes", 2, check_ring_bytes, RING_BYTES, {"world_sizes": VISIBLE_WORLD_SIZES}),
-    Check("test_hidden_ring_bytes", 2, check_ring_bytes, RING_BYTES, {"world_sizes": [1, 3, 5, 7, 64]}, hidden=True),
+    Check(
+        "test_hidden_ring_bytes",
+        2,
+        check_ring_bytes,
+        RING_BYTES,
+        {"world_sizes": HIDDEN_CELL_RING_WORLD_SIZES},
+        hidden=True,
+        draw=draw_ring_sizes,
+    ),
 )

@@ -2,8 +2,9 @@
 
 The student writes `GradientBuckets`, the class `BucketedZero2` hands every layer's gradients to in
 backward (`add(shard, grads)`) and asks to finish after it (`finish()`). The checks train the bucketed
-stage with it, with a bucket size B the grader picks per world size (`BUCKET_BYTES`), and judge four things,
-each from what the course's code observed, never from what the student's code reports:
+stage with it, with a bucket size B per world size (`BUCKET_BYTES` for the visible checks, drawn at grading
+time for the hidden ones: `draw_bucket_bytes`), and judge four things, each from what the course's code
+observed, never from what the student's code reports:
 
 - values: the training, within the fp32 oracle's rounding (`StageExercise.judge_training`);
 - memory: every bucket registered and at most B bytes, no full gradient kept, nothing left behind;
@@ -15,16 +16,17 @@ each from what the course's code observed, never from what the student's code re
 
 from __future__ import annotations
 
+import random
 from collections import Counter
 from typing import Any
 
 import torch.nn as nn
 
 from autograder.checks import Check, CheckFailed
-from autograder.harness import graded_stage
+from autograder.harness import graded_stage, layer_partitions
 from autograder.integrity import REFERENCE_MODULES, StudentShard, answer_modules
-from autograder.records import Run
-from autograder.stage_checks import HIDDEN_WORLD_SIZES, VISIBLE_WORLD_SIZES, StageExercise
+from autograder.records import Run, element_size
+from autograder.stage_checks import HIDDEN_CELL_WORLD_SIZES, VISIBLE_WORLD_SIZES, Setting, StageExercise
 from autograder.verdicts import (
     ACTIVATIONS_ADVICE,
     GRAD_ADVICE,
@@ -45,22 +47,39 @@ ANSWER_MODULES = answer_modules(("zero_core.stages.zero1", "zero_core.stages.zer
 Functions are ex03's answer, due before this exercise: here they are the scaffolding."""
 
 BUCKET_BYTES = {2: 12 * 1024, 3: 12 * 1024, 5: 9 * 1024, 7: 20 * 1024}
-"""B per world size, for the bf16 runs: 4 buckets on the visible sizes, 5 and 2 on the hidden ones, so no plan
-can be written down in advance. Every B holds the largest layer (mlp.fc, 8,450 bytes at N = 5). The fp32
-training runs get twice as many bytes: the same buckets."""
+"""B per world size for the bf16 runs of a check that sets none: 4 buckets on the visible sizes (and 5 and 2
+on the sizes of the solution notebook's hidden cells). Every B holds the largest layer (mlp.fc, 8,450 bytes
+at N = 5). The fp32 training runs get twice as many bytes: the same buckets."""
 
 
-def bucket_bytes(world_size: int, element_size: int) -> int:
-    """B for a run on `world_size` ranks whose gradients take `element_size` bytes per element."""
-    return BUCKET_BYTES[world_size] * element_size // 2
+def bucket_bounds(world_size: int) -> tuple[int, int]:
+    """The B a hidden check draws from on N ranks: from the largest layer's padded gradient (every layer
+    fits a bucket) to half of all of them (at least two buckets, so that one can overlap backward)."""
+    sizes = [2 * partition.padded_numel for partition in layer_partitions(world_size).values()]
+    return max(sizes), sum(sizes) // 2
+
+
+def draw_bucket_bytes(rng: random.Random, world_size: int) -> int:
+    """An even B of `bucket_bounds`: the micro model's gradients in two buckets (the largest B) to six (the
+    smallest), as 9 and 20 KiB make five and two."""
+    low, high = bucket_bounds(world_size)
+    return rng.randrange(low, high + 1, 2)
 
 
 class GradedBucketedZero2(BucketedZero2):
-    """The bucketed ZeRO-2 with the bucket size of the graded world size and precision."""
+    """The bucketed ZeRO-2 with buckets of `graded_bucket_bytes` in bf16 (None: `BUCKET_BYTES` of the world
+    size), as many elements in fp32."""
+
+    graded_bucket_bytes: int | None = None
 
     @property
     def bucket_bytes(self) -> int:  # type: ignore[override]
-        return bucket_bytes(self.world_size, self.dtype.itemsize)
+        bf16_bytes = self.graded_bucket_bytes or BUCKET_BYTES[self.world_size]
+        return bf16_bytes * self.dtype.itemsize // 2
+
+
+def with_bucket_bytes(stage: type, bucket_bytes: int) -> type:
+    return type(f"{stage.__name__}B{bucket_bytes}", (stage,), {"graded_bucket_bytes": bucket_bytes})
 
 
 def _guarded(stage: BucketedZero2, shard: Any) -> StudentShard:
@@ -76,9 +95,9 @@ def _reduce_scatters(run: Run, rank: int, step: int) -> list:
     return [c for c in run.collectives[rank] if c.step == step and c.op == comm.REDUCE_SCATTER]
 
 
-def bucket_memory_rules(run: Run, reference: Run, label: str) -> None:
-    """Only the shards stay; each bucket is registered, holds at most B bytes, and buckets never exceed B."""
-    limit = BUCKET_BYTES[run.world_size]  # the memory checks run in bf16
+def bucket_memory_rules(run: Run, reference: Run, label: str, limit: int) -> None:
+    """Only the shards stay; each bucket is registered, holds at most B = `limit` bytes (the memory checks
+    run in bf16), and buckets never exceed B."""
     check_no_stray_gradients(run, label)
     compare_peaks(run, reference, memory.GRAD, label, GRAD_ADVICE)
     compare_peaks(run, reference, memory.ACTIVATIONS, label, ACTIVATIONS_ADVICE)
@@ -115,10 +134,9 @@ def check_nothing_kept_between_layers(run: Run, reference: Run, rank: int, label
             )
 
 
-def compare_bucketed_collectives(run: Run, reference: Run, label: str) -> None:
-    """The reference's collectives but the reduce-scatters; those: the fewest buckets of at most B bytes,
-    together carrying every layer's padded gradient once."""
-    limit = BUCKET_BYTES[run.world_size]  # the communication checks run in bf16
+def compare_bucketed_collectives(run: Run, reference: Run, label: str, limit: int) -> None:
+    """The reference's collectives but the reduce-scatters; those: the fewest buckets of at most B = `limit`
+    bytes (the communication checks run in bf16), together carrying every layer's padded gradient once."""
     for step in range(run.steps):
         for rank in range(run.world_size):
             if _others(run, rank, step) != _others(reference, rank, step):
@@ -129,9 +147,9 @@ def compare_bucketed_collectives(run: Run, reference: Run, label: str) -> None:
             mine, theirs = _reduce_scatters(run, rank, step), _reduce_scatters(reference, rank, step)
             where = f"{label}: at step {step}, rank {rank}"
             for c in mine:
-                if c.elements * _element_size(c.dtype) > limit:
+                if c.elements * element_size(c.dtype, where) > limit:
                     raise CheckFailed(
-                        f"{where} reduce-scattered a bucket of {c.elements * _element_size(c.dtype):,} bytes; "
+                        f"{where} reduce-scattered a bucket of {c.elements * element_size(c.dtype, where):,} bytes; "
                         f"a bucket may hold at most B = {limit:,}."
                     )
             carried, expected = sum(c.elements for c in mine), sum(c.elements for c in theirs)
@@ -155,10 +173,6 @@ def _others(run: Run, rank: int, step: int) -> Counter:
         for c in run.collectives[rank]
         if c.step == step and c.op != comm.REDUCE_SCATTER and c.tag != OVERFLOW_TAG
     )
-
-
-def _element_size(dtype: str) -> int:
-    return {"bfloat16": 2, "float16": 2, "float32": 4}.get(dtype.removeprefix("torch."), 4)
 
 
 def check_overlap(run: Run, label: str) -> None:
@@ -192,25 +206,32 @@ EXERCISE = StageExercise(
     communication_summary="the fewest reduce-scatters buckets of at most B bytes allow, each layer's gradient once; "
     "the reference's all-gathers",
     forbidden=FORBIDDEN,
+    setting=Setting(
+        "bucket_bytes",
+        default=BUCKET_BYTES.__getitem__,
+        draw=draw_bucket_bytes,
+        configure=with_bucket_bytes,
+        describe=lambda limit: f"B = {limit:,} bytes",
+    ),
 )
 
 
-def judge_communication(observation: Any, world_sizes: list[int]) -> str:
-    for label, run, reference in EXERCISE.runs(observation, world_sizes):
-        compare_bucketed_collectives(run, reference, label)
-    return f"{EXERCISE.sizes(world_sizes)} ranks: {EXERCISE.communication_summary}"
+def judge_communication(observation: Any, world_sizes: list[int], **given: Any) -> str:
+    for label, run, reference, limit in EXERCISE.runs(observation, world_sizes, **given):
+        compare_bucketed_collectives(run, reference, label, limit)
+    return f"{EXERCISE.sizes(world_sizes, **given)}: {EXERCISE.communication_summary}"
 
 
-def judge_overlap(observation: Any, world_sizes: list[int]) -> str:
-    for label, run, _ in EXERCISE.runs(observation, world_sizes):
+def judge_overlap(observation: Any, world_sizes: list[int], **given: Any) -> str:
+    for label, run, _, _ in EXERCISE.runs(observation, world_sizes, **given):
         check_overlap(run, label)
-    return f"{EXERCISE.sizes(world_sizes)} ranks: every bucket but the last in flight while backward went on"
+    return f"{EXERCISE.sizes(world_sizes, **given)}: every bucket but the last in flight while backward went on"
 
 
-def judge_memory_communication_overlap(observation: Any, world_sizes: list[int]) -> str:
-    memory_verdict = EXERCISE.judge_memory(observation, world_sizes)
-    judge_communication(observation, world_sizes)
-    judge_overlap(observation, world_sizes)
+def judge_memory_communication_overlap(observation: Any, world_sizes: list[int], **given: Any) -> str:
+    memory_verdict = EXERCISE.judge_memory(observation, world_sizes, **given)
+    judge_communication(observation, world_sizes, **given)
+    judge_overlap(observation, world_sizes, **given)
     return f"{memory_verdict}; {EXERCISE.communication_summary}; buckets overlap backward"
 
 
@@ -225,12 +246,20 @@ check_memory_communication_overlap = EXERCISE.check_with(
 )
 
 NAMES = EXERCISE.names
-_VISIBLE, _HIDDEN = {"world_sizes": VISIBLE_WORLD_SIZES}, {"world_sizes": HIDDEN_WORLD_SIZES}
+_VISIBLE, _HIDDEN = {"world_sizes": VISIBLE_WORLD_SIZES}, {"world_sizes": HIDDEN_CELL_WORLD_SIZES}
 CHECKS = (
     Check("test_training", 2, check_training, NAMES, _VISIBLE),
     Check("test_memory", 2, check_memory, NAMES, _VISIBLE),
     Check("test_communication", 2, check_communication, NAMES, _VISIBLE),
     Check("test_overlap", 2, check_overlap_with_backward, NAMES, _VISIBLE),
-    Check("test_hidden_training", 1, check_training, NAMES, _HIDDEN, hidden=True),
-    Check("test_hidden_memory_communication_overlap", 1, check_memory_communication_overlap, NAMES, _HIDDEN, True),
+    Check("test_hidden_training", 1, check_training, NAMES, _HIDDEN, True, EXERCISE.draw),
+    Check(
+        "test_hidden_memory_communication_overlap",
+        1,
+        check_memory_communication_overlap,
+        NAMES,
+        _HIDDEN,
+        True,
+        EXERCISE.draw,
+    ),
 )

@@ -2,8 +2,9 @@
 
 The student writes `Prefetcher`, the class `PrefetchingZero3` hands every layer's request for its full
 parameters to (`gather(shard, backward)`, then `release(shard)` when the layer is done). The checks train
-the prefetching stage with it, with a window k the grader picks per world size (`WINDOW`), and judge four
-things, each from what the course's code observed, never from what the student's code reports:
+the prefetching stage with it, with a window k per world size (`WINDOW` for the visible checks, drawn at
+grading time for the hidden ones: `HIDDEN_WINDOWS`), and judge four things, each from what the course's
+code observed, never from what the student's code reports:
 
 - values: the training, within the fp32 oracle's rounding (`StageExercise.judge_training`);
 - memory: every gathered buffer registered, at most k + 1 layers' gathered parameters alive at once (the
@@ -27,7 +28,7 @@ from autograder.checks import Check, CheckFailed
 from autograder.harness import graded_stage
 from autograder.integrity import REFERENCE_MODULES, StudentShard, answer_modules
 from autograder.records import Collective, Run
-from autograder.stage_checks import HIDDEN_WORLD_SIZES, VISIBLE_WORLD_SIZES, StageExercise
+from autograder.stage_checks import HIDDEN_CELL_WORLD_SIZES, VISIBLE_WORLD_SIZES, Setting, StageExercise
 from autograder.verdicts import check_released, compare_registrations
 from zero_core import comm, memory, schedule
 from zero_core.stages.base import layer_tag
@@ -43,19 +44,26 @@ ANSWER_MODULES = answer_modules(
 Functions are ex04's answer, due before this exercise: here they are the scaffolding."""
 
 WINDOW = {2: 1, 3: 2, 5: 3, 7: 2}
-"""k per world size: 1 and 2 layers on the visible sizes, 3 and 2 on the hidden ones, so that no schedule
-can be written down in advance. Any other N trains with k = `DEFAULT_WINDOW`."""
+"""k per world size of a check that sets none: 1 and 2 layers on the visible sizes (and 3 and 2 on the sizes
+of the solution notebook's hidden cells). Any other N trains with k = `DEFAULT_WINDOW`."""
 DEFAULT_WINDOW = 1
+HIDDEN_WINDOWS = (1, 2, 3)
+"""The k a hidden check draws per world size: every window prefetches (k > 0), none gathers the whole model."""
 GATHERED_ELEMENT_BYTES = 2
 """The memory and schedule checks train in bf16 (`harness.CONFIG`)."""
 
 
+def window_of(world_size: int) -> int:
+    """k on `world_size` ranks for a check that sets none."""
+    return WINDOW.get(world_size, DEFAULT_WINDOW)
+
+
 class GradedPrefetchingZero3(PrefetchingZero3):
-    """The prefetching ZeRO-3 with the window of the graded world size."""
+    """The prefetching ZeRO-3 with the window of the graded world size; `with_window` sets another."""
 
     @property
     def window(self) -> int:  # type: ignore[override]
-        return WINDOW.get(self.world_size, DEFAULT_WINDOW)
+        return window_of(self.world_size)
 
 
 def _guarded(stage: PrefetchingZero3, shard: Any) -> StudentShard:
@@ -67,14 +75,10 @@ def _build(prefetcher: type) -> tuple[type, None]:
     return graded_stage(type("StudentPrefetchingZero3", (GradedPrefetchingZero3,), attributes), ASSIGNMENT), None
 
 
-def window_of(run: Run) -> int:
-    return WINDOW.get(run.world_size, DEFAULT_WINDOW)
-
-
-def gathered_bytes_bound(run: Run) -> int:
+def gathered_bytes_bound(run: Run, window: int) -> int:
     """The most gathered bytes k + 1 layers in a row hold (padding aside): what a window of k may keep alive."""
     sizes = [partition.numel for partition in run.partitions.values()]
-    span = window_of(run) + 1
+    span = window + 1
     return GATHERED_ELEMENT_BYTES * max(sum(sizes[i : i + span]) for i in range(len(sizes)))
 
 
@@ -89,11 +93,11 @@ GATHER_RELEASE_ADVICE = (
 )
 
 
-def prefetch_memory_rules(run: Run, reference: Run, label: str) -> None:
+def prefetch_memory_rules(run: Run, reference: Run, label: str, window: int) -> None:
     """Every gathered buffer registered, at most k + 1 consecutive layers alive at once, none after a pass."""
     compare_registrations(run, reference, memory.GATHER, label, GATHER_REGISTER_ADVICE)
     check_released(run, memory.GATHER, label, GATHER_RELEASE_ADVICE)
-    bound, window = gathered_bytes_bound(run), window_of(run)
+    bound = gathered_bytes_bound(run, window)
     for rank in range(run.world_size):
         peak = run.memory[rank].peak_bytes(memory.GATHER)
         if peak > bound:
@@ -139,10 +143,9 @@ def _needs(run: Run, rank: int, label: str) -> list[list[tuple[float, str]]]:
     return [marks[i : i + per_pass] for i in range(0, len(marks), per_pass)]
 
 
-def check_prefetch_schedule(run: Run, label: str) -> None:
+def check_prefetch_schedule(run: Run, label: str, window: int) -> None:
     """Each layer's gather async, waited for only once the layer needs it, and (but for the first of each
     pass) started before it: when the layer k places earlier in the pass asked, or earlier."""
-    window = window_of(run)
     for rank in range(run.world_size):
         passes = _needs(run, rank, label)
         for step in range(run.steps):
@@ -202,23 +205,29 @@ EXERCISE = StageExercise(
     communication_summary="an all-gather per layer in forward, another in backward, a reduce-scatter per layer: "
     "the reference's 3Ψ",
     forbidden=FORBIDDEN,
+    setting=Setting(
+        "windows",
+        default=window_of,
+        draw=lambda rng, world_size: rng.choice(HIDDEN_WINDOWS),
+        configure=lambda stage, window: stage.with_window(window),
+        describe=lambda window: f"k = {window}",
+    ),
 )
 
 
-def judge_schedule(observation: Any, world_sizes: list[int]) -> str:
-    windows = ", ".join(f"k = {WINDOW.get(n, DEFAULT_WINDOW)} on {n}" for n in world_sizes)
-    for label, run, _ in EXERCISE.runs(observation, world_sizes):
-        check_prefetch_schedule(run, label)
+def judge_schedule(observation: Any, world_sizes: list[int], **given: Any) -> str:
+    for label, run, _, window in EXERCISE.runs(observation, world_sizes, **given):
+        check_prefetch_schedule(run, label, window)
     return (
-        f"{windows} ranks: every gather async, started k layers ahead of its layer (the first of a pass when it "
-        "began), waited for only when its layer needed it"
+        f"{EXERCISE.sizes(world_sizes, **given)}: every gather async, started k layers ahead of its layer (the "
+        "first of a pass when it began), waited for only when its layer needed it"
     )
 
 
-def judge_memory_communication_schedule(observation: Any, world_sizes: list[int]) -> str:
-    memory_verdict = EXERCISE.judge_memory(observation, world_sizes)
-    EXERCISE.judge_communication(observation, world_sizes)
-    judge_schedule(observation, world_sizes)
+def judge_memory_communication_schedule(observation: Any, world_sizes: list[int], **given: Any) -> str:
+    memory_verdict = EXERCISE.judge_memory(observation, world_sizes, **given)
+    EXERCISE.judge_communication(observation, world_sizes, **given)
+    judge_schedule(observation, world_sizes, **given)
     return f"{memory_verdict}; {EXERCISE.communication_summary}; every gather prefetched k layers ahead"
 
 
@@ -233,12 +242,20 @@ check_memory_communication_schedule = EXERCISE.check_with(
 )
 
 NAMES = EXERCISE.names
-_VISIBLE, _HIDDEN = {"world_sizes": VISIBLE_WORLD_SIZES}, {"world_sizes": HIDDEN_WORLD_SIZES}
+_VISIBLE, _HIDDEN = {"world_sizes": VISIBLE_WORLD_SIZES}, {"world_sizes": HIDDEN_CELL_WORLD_SIZES}
 CHECKS = (
     Check("test_training", 2, check_training, NAMES, _VISIBLE),
     Check("test_memory", 2, check_memory, NAMES, _VISIBLE),
     Check("test_communication", 1, check_communication, NAMES, _VISIBLE),
     Check("test_schedule", 2, check_schedule, NAMES, _VISIBLE),
-    Check("test_hidden_training", 1, check_training, NAMES, _HIDDEN, hidden=True),
-    Check("test_hidden_memory_communication_schedule", 2, check_memory_communication_schedule, NAMES, _HIDDEN, True),
+    Check("test_hidden_training", 1, check_training, NAMES, _HIDDEN, True, EXERCISE.draw),
+    Check(
+        "test_hidden_memory_communication_schedule",
+        2,
+        check_memory_communication_schedule,
+        NAMES,
+        _HIDDEN,
+        True,
+        EXERCISE.draw,
+    ),
 )

@@ -6,7 +6,8 @@ micro-batch's gradient over the ranks and add this rank's chunk into `shard.grad
 `clip_global_norm(grads, max_norm)`, once per optimizer step, which must scale the rank's owned fp32
 gradient slices so that the model's global norm is at most `max_norm`, as `torch.nn.utils.clip_grad_norm_`
 does on one device. The checks train the stage with them, with a number of micro-batches k and a max_norm
-the grader picks per world size (`ACCUMULATION`), and judge, each from what the course's code observed:
+per world size (`ACCUMULATION` for the visible checks, drawn at grading time for the hidden ones:
+`draw_accumulation`), and judge, each from what the course's code observed:
 
 - values: losses, the clipped gradient given to Adam and the fp32 masters, within the rounding of the fp32
   single-device oracle that accumulates and clips with `clip_grad_norm_` (`zero_core.oracle`);
@@ -21,11 +22,11 @@ the grader picks per world size (`ACCUMULATION`), and judge, each from what the 
 from __future__ import annotations
 
 import math
+import random
 from bisect import bisect_left
 from collections import Counter
-from dataclasses import dataclass
 from functools import cache
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn as nn
@@ -34,7 +35,7 @@ from autograder.checks import Check, CheckFailed
 from autograder.harness import STEPS, TRAINING_CONFIG, graded_stage
 from autograder.integrity import StudentShard, answer_modules
 from autograder.records import Collective, Run
-from autograder.stage_checks import HIDDEN_WORLD_SIZES, VISIBLE_WORLD_SIZES, StageExercise
+from autograder.stage_checks import HIDDEN_CELL_WORLD_SIZES, VISIBLE_WORLD_SIZES, Setting, StageExercise
 from autograder.verdicts import (
     check_no_stray_gradients,
     check_nothing_left_behind,
@@ -56,8 +57,7 @@ ANSWER_MODULES = answer_modules(("zero_core.stages.zero1", "zero_core.stages.zer
 Functions are ex03's answer, due before this exercise: here they are the scaffolding."""
 
 
-@dataclass(frozen=True)
-class Accumulation:
+class Accumulation(NamedTuple):
     """What an optimizer step is made of in a graded run: k micro-batches, then clipping to `max_norm`."""
 
     micro_steps: int
@@ -71,17 +71,27 @@ ACCUMULATION = {
     5: Accumulation(3, 1.2),
     7: Accumulation(4, 1.1),
 }
-"""k and max_norm per world size. On 2, 3, 5 and 7 ranks the micro model's gradient norm (1.3 to 1.8 in the
-two graded steps) is above max_norm, so every graded step clips; on 4 ranks it is well below: no step
-clips, and a coefficient that is not clamped to 1 shows (tests/test_ex08_clip_and_accumulate.py)."""
+"""k and max_norm per world size of a check that sets none (5 and 7: the solution notebook's hidden cells). On
+2, 3, 5 and 7 ranks the micro model's gradient norm (1.3 to 1.8 in the two graded steps) is above max_norm,
+so every graded step clips; on 4 ranks it is well below: no step clips, and a coefficient that is not
+clamped to 1 shows (tests/test_ex08_clip_and_accumulate.py)."""
 UNCLIPPED_WORLD_SIZES = [4]
 NORM_BYTES = 128
 """What the norm's collective may send per rank: a few fp32 numbers (one per layer fits), whatever N."""
+HIDDEN_MICRO_STEPS = (2, 3, 4)
+HIDDEN_MAX_NORMS = (0.5, 1.1)
+"""The range of a hidden check's max_norm: below the gradient norm of every graded step on 4 to 8 ranks with
+2 to 4 micro-batches (1.24 at the least), so every step clips (tests/test_hidden_parameters.py)."""
+
+
+def draw_accumulation(rng: random.Random, world_size: int) -> list:
+    """[k, max_norm] of a hidden check: k of `HIDDEN_MICRO_STEPS`, max_norm of `HIDDEN_MAX_NORMS` (0.01 apart)."""
+    return [rng.choice(HIDDEN_MICRO_STEPS), round(rng.uniform(*HIDDEN_MAX_NORMS), 2)]
 
 
 class GradedAccumulatingZero2(AccumulatingZero2):
-    """The accumulating ZeRO-2 with the graded world size's k and max_norm, whose record of the gradient
-    given to Adam (`harness.Recording`) is the clipped one, as the oracle's is."""
+    """The accumulating ZeRO-2 with the graded world size's k and max_norm (`with_accumulation` sets others),
+    whose record of the gradient given to Adam (`harness.Recording`) is the clipped one, as the oracle's is."""
 
     @property
     def micro_steps(self) -> int:  # type: ignore[override]
@@ -98,6 +108,11 @@ class GradedAccumulatingZero2(AccumulatingZero2):
             with unaudited():
                 for layer, grad in zip(self.layers, grads, strict=True):
                     record.adam_grads[(layer.name, current().step)] = grad.detach().clone()
+
+
+def with_accumulation(stage: type, accumulation: Accumulation) -> type:
+    k, max_norm = accumulation
+    return type(f"{stage.__name__}K{k}", (stage,), {"micro_steps": k, "max_norm": max_norm})
 
 
 def _guarded(stage: AccumulatingZero2, shard: Any) -> StudentShard:
@@ -118,20 +133,21 @@ PEAK_ADVICE = {
     memory.ACTIVATIONS: "Keep nothing of a micro-batch after its backward.",
 }
 BUCKET_ADVICE = (
-    "Make, register and reduce-scatter one bucket per layer and micro-batch, as backward produces it "
+    "Make, register and reduce-scatter one bucket per layer and micro-batch (k = {k}), as backward produces it "
     "(shard.tracker.register(bucket, memory.GRAD_BUCKET, padding_elements=shard.partition.padding)): ZeRO-2 "
     "cannot wait for the last micro-batch, that would keep a full gradient alive until then."
 )
 
 
-def accumulation_memory_rules(run: Run, reference: Run, label: str) -> None:
+def accumulation_memory_rules(run: Run, reference: Run, label: str, accumulation: Accumulation) -> None:
     """Between micro-batches only the shards hold gradients; buckets one per layer and micro-batch, released."""
     check_nothing_left_behind(run, label)
     check_no_stray_gradients(run, label)
     for category in (*memory.MODEL_STATES, memory.GRAD_BUCKET, memory.ACTIVATIONS):
         advice = PEAK_ADVICE.get(category, f"Register nothing of your own as {category}.")
         compare_peaks(run, reference, category, label, advice)
-    compare_registrations(run, reference, memory.GRAD_BUCKET, label, BUCKET_ADVICE)
+    advice = BUCKET_ADVICE.format(k=accumulation.micro_steps)
+    compare_registrations(run, reference, memory.GRAD_BUCKET, label, advice)
     check_released(
         run, memory.GRAD_BUCKET, label, "Release each bucket after its reduce-scatter and keep no reference to it."
     )
@@ -148,10 +164,9 @@ def _listed(keys: Counter) -> str:
     return "; ".join(f"{count}x {op} of {elements:,} {dtype}" for (op, dtype, elements), count in keys.items())
 
 
-def compare_accumulated_collectives(run: Run, reference: Run, label: str) -> None:
+def compare_accumulated_collectives(run: Run, reference: Run, label: str, k: int) -> None:
     """The reference's layer collectives (k reduce-scatters per layer, one all-gather per layer), op for op,
     and one more collective per step, for the norm, of at most `NORM_BYTES` bytes sent."""
-    k = ACCUMULATION[run.world_size].micro_steps
     for step in range(run.steps):
         for rank in range(run.world_size):
             where = f"{label}: at step {step}, rank {rank}"
@@ -189,10 +204,9 @@ def compare_accumulated_collectives(run: Run, reference: Run, label: str) -> Non
                 )
 
 
-def check_reduced_every_micro_batch(run: Run, label: str) -> None:
+def check_reduced_every_micro_batch(run: Run, label: str, k: int) -> None:
     """Each time backward hands a layer's gradient over (`GRADIENTS_READY`), a reduce-scatter starts before it
-    hands over the next one: no micro-batch's gradient waits, full-size, for a later one."""
-    k = ACCUMULATION[run.world_size].micro_steps
+    hands over the next one (k micro-batches a step): no micro-batch's gradient waits, full-size, for a later one."""
     per_step = k * len(run.partitions)
     for rank, record in enumerate(run.ranks):
         ready = sorted((mark[0], mark[2]) for mark in record.schedule if mark[1] == schedule.GRADIENTS_READY)
@@ -213,17 +227,26 @@ def check_reduced_every_micro_batch(run: Run, label: str) -> None:
 
 
 @cache
-def oracle_run(world_size: int) -> tuple[list[float], dict[str, Any], dict[tuple[str, int], Any]]:
+def oracle_run(
+    world_size: int, accumulation: Accumulation
+) -> tuple[list[float], dict[str, Any], dict[tuple[str, int], Any]]:
     """The graded training on one device in fp32, accumulating k micro-batches and clipping with
     `clip_grad_norm_`. Imported here, by the judge: the oracle is never loaded where students' code runs."""
     from zero_core.oracle import train_single_device
 
-    setting = ACCUMULATION[world_size]
     gradients: dict[tuple[str, int], Any] = {}
+    k, max_norm = accumulation
     losses, weights = train_single_device(
-        TRAINING_CONFIG, world_size, STEPS, gradients, micro_steps=setting.micro_steps, max_norm=setting.max_norm
+        TRAINING_CONFIG, world_size, STEPS, gradients, micro_steps=k, max_norm=max_norm
     )
     return losses, weights, gradients
+
+
+def clipped_steps(world_size: int, accumulation: Accumulation) -> int:
+    """How many of the graded steps clip: those whose oracle gradient, clipped, has norm max_norm."""
+    gradients = oracle_run(world_size, accumulation)[2]
+    norms = [torch.cat([g for (_, s), g in gradients.items() if s == step]).norm().item() for step in range(STEPS)]
+    return sum(math.isclose(norm, accumulation.max_norm, rel_tol=1e-4) for norm in norms)
 
 
 def uniform_factor(run: Run, reference: Run, step: int = 0) -> float | None:
@@ -242,15 +265,11 @@ def uniform_factor(run: Run, reference: Run, step: int = 0) -> float | None:
     return factor if math.isfinite(factor) and residual < 1e-3 and abs(factor - 1) > 1e-3 else None
 
 
-def _settings(world_sizes: list[int]) -> str:
-    return ", ".join(
-        f"N = {n}: k = {ACCUMULATION[n].micro_steps}, max_norm = {ACCUMULATION[n].max_norm:g}" for n in world_sizes
-    )
-
-
-def judge_training(observation: Any, world_sizes: list[int]) -> str:
-    for label, run, reference in EXERCISE.runs(observation, world_sizes, TRAINING_CONFIG):
-        tolerance = tolerance_from_oracle(reference, *oracle_run(run.world_size))
+def judge_training(observation: Any, world_sizes: list[int], **given: Any) -> str:
+    clipped = 0
+    for label, run, reference, accumulation in EXERCISE.runs(observation, world_sizes, TRAINING_CONFIG, **given):
+        tolerance = tolerance_from_oracle(reference, *oracle_run(run.world_size, accumulation))
+        clipped += clipped_steps(run.world_size, accumulation)
         try:
             compare_training(run, reference, label, tolerance)
         except CheckFailed as failure:
@@ -262,23 +281,24 @@ def judge_training(observation: Any, world_sizes: list[int]) -> str:
                 "reference's, one factor for every element: look at the clip coefficient (the norm over every "
                 "rank's elements, each once; at most 1) and at any scaling of the accumulated gradient."
             ) from None
-    clipping = "clipping in every step" if max(world_sizes) != 4 else "no step clips"
+    steps = STEPS * len(world_sizes)
+    clipping = {steps: "clipping in every step", 0: "no step clips"}.get(clipped, f"{clipped} of {steps} steps clip")
     return (
-        f"{_settings(world_sizes)} ({clipping}), {STEPS} steps: every loss, clipped gradient and fp32 master "
-        "weight within rounding of the single-device oracle's (clip_grad_norm_)"
+        f"{EXERCISE.sizes(world_sizes, **given)} ({clipping}), {STEPS} steps: every loss, clipped gradient and "
+        "fp32 master weight within rounding of the single-device oracle's (clip_grad_norm_)"
     )
 
 
-def judge_communication(observation: Any, world_sizes: list[int]) -> str:
-    for label, run, reference in EXERCISE.runs(observation, world_sizes):
-        compare_accumulated_collectives(run, reference, label)
-        check_reduced_every_micro_batch(run, label)
-    return f"{_settings(world_sizes)}: {EXERCISE.communication_summary}"
+def judge_communication(observation: Any, world_sizes: list[int], **given: Any) -> str:
+    for label, run, reference, accumulation in EXERCISE.runs(observation, world_sizes, **given):
+        compare_accumulated_collectives(run, reference, label, accumulation.micro_steps)
+        check_reduced_every_micro_batch(run, label, accumulation.micro_steps)
+    return f"{EXERCISE.sizes(world_sizes, **given)}: {EXERCISE.communication_summary}"
 
 
-def judge_memory_and_communication(observation: Any, world_sizes: list[int]) -> str:
-    memory_verdict = EXERCISE.judge_memory(observation, world_sizes).split(": ", 1)[1]
-    return f"{judge_communication(observation, world_sizes)}; and {memory_verdict}"
+def judge_memory_and_communication(observation: Any, world_sizes: list[int], **given: Any) -> str:
+    memory_verdict = EXERCISE.judge_memory(observation, world_sizes, **given).split(": ", 1)[1]
+    return f"{judge_communication(observation, world_sizes, **given)}; and {memory_verdict}"
 
 
 EXERCISE = StageExercise(
@@ -292,6 +312,14 @@ EXERCISE = StageExercise(
     "bucket per layer and micro-batch, each released",
     communication_summary="k reduce-scatters per layer (each during its micro-batch's backward), one all-gather "
     "per layer and one collective of a few bytes for the norm: k·Ψ + Ψ + ε per optimizer step",
+    setting=Setting(
+        "accumulation",
+        default=ACCUMULATION.__getitem__,
+        draw=draw_accumulation,
+        configure=with_accumulation,
+        describe=lambda accumulation: f"k = {accumulation.micro_steps}, max_norm = {accumulation.max_norm:g}",
+        read=lambda value: Accumulation(*value),
+    ),
 )
 
 
@@ -305,12 +333,20 @@ check_memory_and_communication = EXERCISE.check_with(
 )
 
 NAMES = EXERCISE.names
-_VISIBLE, _HIDDEN = {"world_sizes": VISIBLE_WORLD_SIZES}, {"world_sizes": HIDDEN_WORLD_SIZES}
+_VISIBLE, _HIDDEN = {"world_sizes": VISIBLE_WORLD_SIZES}, {"world_sizes": HIDDEN_CELL_WORLD_SIZES}
 CHECKS = (
     Check("test_training", 2, check_training, NAMES, _VISIBLE),
     Check("test_training_without_clipping", 1, check_training, NAMES, {"world_sizes": UNCLIPPED_WORLD_SIZES}),
     Check("test_memory", 2, check_memory, NAMES, _VISIBLE),
     Check("test_communication", 2, check_communication, NAMES, _VISIBLE),
-    Check("test_hidden_training", 2, check_training, NAMES, _HIDDEN, hidden=True),
-    Check("test_hidden_memory_communication", 1, check_memory_and_communication, NAMES, _HIDDEN, hidden=True),
+    Check("test_hidden_training", 2, check_training, NAMES, _HIDDEN, hidden=True, draw=EXERCISE.draw),
+    Check(
+        "test_hidden_memory_communication",
+        1,
+        check_memory_and_communication,
+        NAMES,
+        _HIDDEN,
+        hidden=True,
+        draw=EXERCISE.draw,
+    ),
 )

@@ -2,8 +2,9 @@
 
 The student writes `hierarchical_all_gather(output, shard, node_group, cross_group)`, which
 `HierarchicalZero3` (zero_core/stages/zero3_hierarchical.py) calls for every layer's gather, in forward and
-in backward. The checks train the stage with it on N ranks in nodes of G (`GPUS_PER_NODE`) and judge, each
-from what the course's code observed, never from what the student's code reports:
+in backward. The checks train the stage with it on N ranks in nodes of G (`GPUS_PER_NODE` for the visible
+checks, drawn at grading time for the hidden ones: `draw_world_sizes`, `draw_gpus_per_node`) and judge,
+each from what the course's code observed, never from what the student's code reports:
 
 - values: the training, within the fp32 oracle's rounding (bit-identical to ZeRO-3's: gathers copy);
 - memory: per gather, what the rank's memory audit saw alive beyond the gathered layer while the function
@@ -19,14 +20,14 @@ The ledger's groups and the shards' measurements are not part of `records.Run`: 
 
 from __future__ import annotations
 
+import random
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 import torch.nn as nn
 
-from autograder.checks import Check, CheckFailed, ObservationInvalid
+from autograder.checks import Check, CheckFailed
 from autograder.harness import (
     CONFIG,
     STEPS,
@@ -36,8 +37,19 @@ from autograder.harness import (
     train_observed,
 )
 from autograder.integrity import answer_modules, require_own_code
-from autograder.records import Run, run_from_data, run_to_data
-from autograder.stage_checks import StageExercise, observed_entries, observed_runs
+from autograder.records import (
+    ADDRESS_SPACE_BYTES,
+    Run,
+    count,
+    element_size,
+    is_int,
+    require,
+    require_course_records,
+    run_from_data,
+    run_to_data,
+    well_formed,
+)
+from autograder.stage_checks import GradedRun, Setting, StageExercise, observed_entries, observed_runs
 from autograder.verdicts import check_nothing_left_behind, check_own_collectives, check_released
 from zero_core import comm, memory
 from zero_core.context import current
@@ -53,25 +65,48 @@ ANSWER_MODULES = answer_modules(
 Functions are ex04's answer, due before this exercise: here they are the scaffolding."""
 
 GPUS_PER_NODE = {4: 2, 6: 3, 8: 4, 9: 3}
-"""G per world size: 2 nodes of 2 and of 3 on the visible sizes; 2 nodes of 4 and 3 nodes of 3 hidden, so that
-no node count or layout can be written down in advance. 6 and 9 ranks need padding."""
-VISIBLE_WORLD_SIZES, HIDDEN_WORLD_SIZES = [4, 6], [8, 9]
+"""G per world size of a check that sets none: 2 nodes of 2 and of 3 on the visible sizes (and 2 nodes of 4
+and 3 nodes of 3 on the sizes of the solution notebook's hidden cells). 6 and 9 ranks need padding."""
+VISIBLE_WORLD_SIZES, HIDDEN_CELL_WORLD_SIZES = [4, 6], [8, 9]
+HIDDEN_WORLD_SIZES = (6, 8, 9, 10)
+"""A hidden check's N: two of these (8 and 9 before), each in at least 2 nodes of at least 2 GPUs."""
 GATHERED_ELEMENT_BYTES = 2
 """The memory and communication checks train in bf16 (`harness.CONFIG`)."""
 PHASES = ("forward", "backward")
 
 
 def gpus_per_node(world_size: int) -> int:
+    """G on `world_size` ranks for a check that sets none."""
     if world_size not in GPUS_PER_NODE:
         raise CheckFailed(f"{ASSIGNMENT} is checked on {sorted(GPUS_PER_NODE)} ranks, not {world_size}")
     return GPUS_PER_NODE[world_size]
 
 
+def node_shapes(world_size: int) -> list[int]:
+    """The G a hidden check may draw on N ranks: M = N/G nodes of G, both at least 2, so both levels gather."""
+    return [g for g in range(2, world_size // 2 + 1) if world_size % g == 0]
+
+
+def draw_world_sizes(rng: random.Random) -> list[int]:
+    return sorted(rng.sample(HIDDEN_WORLD_SIZES, 2))
+
+
+def draw_gpus_per_node(rng: random.Random, world_size: int) -> int:
+    return rng.choice(node_shapes(world_size))
+
+
 class GradedHierarchicalZero3(HierarchicalZero3):
-    """The hierarchical ZeRO-3 with the nodes of the graded world size."""
+    """The hierarchical ZeRO-3 in nodes of `graded_gpus_per_node` (None: `gpus_per_node` of the world size)."""
+
+    graded_gpus_per_node: int | None = None
 
     def __init__(self, config: TrainConfig, functions: dict | None = None) -> None:
-        super().__init__(config, functions, gpus_per_node=gpus_per_node(current().world_size))
+        g = self.graded_gpus_per_node or gpus_per_node(current().world_size)
+        super().__init__(config, functions, gpus_per_node=g)
+
+
+def with_gpus_per_node(stage: type, g: int) -> type:
+    return type(f"{stage.__name__}G{g}", (stage,), {"graded_gpus_per_node": g})
 
 
 def _build(function: Any) -> tuple[type, None]:
@@ -105,36 +140,40 @@ def links_to_data(links: Links) -> dict[str, Any]:
     }
 
 
-def _require(condition: bool, what: str) -> None:
-    if not condition:
-        raise ObservationInvalid(f"the grading process returned malformed data ({what}): no points")
-
-
 def _ints(values: Any) -> bool:
-    return isinstance(values, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in values)
+    return isinstance(values, list) and all(is_int(v) for v in values)
 
 
 def links_from_data(data: Any, run: Run) -> Links:
-    """The `Links` that `links_to_data` wrote for `run`; `ObservationInvalid` for anything else."""
+    """The `Links` that `links_to_data` wrote for `run`; `ObservationInvalid` for anything else, or anything
+    no run makes: per rank a group for each collective, and a measurement of each gather of each layer in
+    each pass of each step, once, none holding negative or impossibly many bytes."""
     n, layers = run.world_size, list(run.partitions)
-    _require(isinstance(data, dict) and set(data) == {"groups", "gathers"}, "links")
-    _require(isinstance(data["groups"], list) and len(data["groups"]) == n, "groups per rank")
-    _require(isinstance(data["gathers"], list) and len(data["gathers"]) == n, "gathers per rank")
+    well_formed(isinstance(data, dict) and set(data) == {"groups", "gathers"}, "links")
+    well_formed(isinstance(data["groups"], list) and len(data["groups"]) == n, "groups per rank")
+    well_formed(isinstance(data["gathers"], list) and len(data["gathers"]) == n, "gathers per rank")
+    every_gather = Counter((layer, step, phase) for layer in layers for step in range(STEPS) for phase in PHASES)
     groups, gathers = [], []
     for rank in range(n):
         entries = data["groups"][rank]
-        _require(isinstance(entries, list) and len(entries) == len(run.collectives[rank]), f"rank {rank}'s groups")
+        well_formed(isinstance(entries, list) and len(entries) == len(run.collectives[rank]), f"rank {rank}'s groups")
         for entry in entries:
-            _require(isinstance(entry, list) and len(entry) == 2 and _ints(entry[0]) and _ints(entry[1:]), "a group")
+            well_formed(isinstance(entry, list) and len(entry) == 2 and _ints(entry[0]) and _ints(entry[1:]), "a group")
             group, src = entry
-            _require(group == sorted(set(group)) and all(0 <= r < n for r in group), "a group's ranks")
-            _require((not group or rank in group) and 0 <= src < n, "a group's ranks")
+            well_formed(group == sorted(set(group)) and all(0 <= r < n for r in group), "a group's ranks")
+            well_formed((not group or rank in group) and 0 <= src < n, "a group's ranks")
         groups.append([(tuple(group), src) for group, src in entries])
         calls = data["gathers"][rank]
-        _require(isinstance(calls, list) and len(calls) == len(PHASES) * len(layers) * STEPS, f"rank {rank}'s gathers")
+        well_formed(isinstance(calls, list) and len(calls) == sum(every_gather.values()), f"rank {rank}'s gathers")
         for call in calls:
-            _require(isinstance(call, list) and len(call) == 5 and _ints(call[3:]) and _ints([call[1]]), "a gather")
-            _require(call[0] in layers and 0 <= call[1] < STEPS and call[2] in PHASES, "a gather's layer")
+            well_formed(isinstance(call, list) and len(call) == 5 and is_int(call[1]), "a gather")
+            well_formed(call[0] in layers and 0 <= call[1] < STEPS and call[2] in PHASES, "a gather's layer")
+            for index, what in ((3, "alive beside the layer"), (4, "left alive after it")):
+                count(call[index], f"rank {rank}'s gather of {call[0]}: bytes {what}", high=ADDRESS_SPACE_BYTES)
+        require(
+            Counter((call[0], call[1], call[2]) for call in calls) == every_gather,
+            f"rank {rank}'s gathers are not one of each layer in each pass of each step",
+        )
         gathers.append([GatherCall(*call) for call in calls])
     return Links(groups, gathers)
 
@@ -154,9 +193,8 @@ STAGING_ADVICE = (
 )
 
 
-def check_staging(run: Run, links: Links, label: str) -> None:
+def check_staging(run: Run, links: Links, label: str, g: int) -> None:
     """Every gather: at most one Ψ_layer/G staging buffer alive beside `output` while it runs, none after."""
-    g = gpus_per_node(run.world_size)
     for rank, calls in enumerate(links.gathers):
         for call in calls:
             bound = run.partitions[call.layer].padded_numel // g * GATHERED_ELEMENT_BYTES
@@ -194,29 +232,19 @@ def check_stage_collectives(run: Run, links: Links, reference: Run, reference_li
             )
 
 
-def expected_gather_bytes(run: Run) -> tuple[int, int]:
-    """(inter-node, intra-node) bytes every rank sends per step in two hierarchical gathers of every layer:
-    (M-1)·c and (G-1)·M·c per layer and gather, c its chunk (`topology.pass_split`, "hierarchical")."""
-    g = gpus_per_node(run.world_size)
+def expected_gather_bytes(run: Run, g: int) -> tuple[int, int]:
+    """(inter-node, intra-node) bytes every rank sends per step in two hierarchical gathers of every layer
+    in nodes of G: (M-1)·c and (G-1)·M·c per layer and gather, c its chunk (`topology.pass_split`)."""
     m = run.world_size // g
     chunks = sum(p.chunk_numel for p in run.partitions.values()) * GATHERED_ELEMENT_BYTES * len(PHASES)
     return (m - 1) * chunks, (g - 1) * m * chunks
 
 
-def element_size(dtype: str) -> int:
-    """Bytes per element of a collective's dtype, as the ledger names it ("bfloat16")."""
-    value = getattr(torch, dtype, None) if dtype.isidentifier() else None
-    if not isinstance(value, torch.dtype):
-        raise ObservationInvalid(f"the grading process returned malformed data (dtype {dtype[:40]!r}): no points")
-    return value.itemsize
-
-
-def check_gather_links(run: Run, links: Links, label: str) -> None:
+def check_gather_links(run: Run, links: Links, label: str, g: int) -> None:
     """No gather collective over every rank; each rank's gather bytes per step, by link, the closed forms."""
     n = run.world_size
-    g = gpus_per_node(n)
     topology = Topology(n, g)
-    inter_want, intra_want = expected_gather_bytes(run)
+    inter_want, intra_want = expected_gather_bytes(run, g)
     for step in range(run.steps):
         for rank in range(n):
             inter = intra = 0
@@ -229,7 +257,7 @@ def check_gather_links(run: Run, links: Links, label: str) -> None:
                         f"ranks: a flat collective, whose ring crosses from one rank of each node to the next node. "
                         "Run the gather in two levels: across nodes in cross_group, then inside the node in node_group."
                     )
-                size = element_size(c.dtype)
+                size = element_size(c.dtype, label)
                 traffic = link_bytes(c.op, c.elements * size, size, topology, rank, RING, src, group=group)
                 inter, intra = inter + int(traffic.inter_node_sent), intra + int(traffic.intra_node_sent)
             if (inter, intra) != (inter_want, intra_want):
@@ -248,45 +276,54 @@ def check_gather_links(run: Run, links: Links, label: str) -> None:
 class LinkedStageExercise(StageExercise):
     """A `StageExercise` whose runs carry their `Links`, and whose memory and communication are judged on them."""
 
-    def observe(self, *objects: Any, world_sizes: list[int], config: TrainConfig = CONFIG) -> dict[str, Any]:
+    def observe(
+        self, *objects: Any, world_sizes: list[int], config: TrainConfig = CONFIG, **given: Any
+    ) -> dict[str, Any]:
         require_own_code(dict(zip(self.names, objects, strict=True)), self.names, self.forbidden, self.exercise)
         stage, _ = self.build(*objects)
+        settings = self.settings(world_sizes, given)
 
         def entry(n: int) -> dict[str, Any]:
-            make = lambda: train_linked(stage, n, config)  # noqa: E731
-            key = (self.exercise, objects, n, config.precision)
-            run, links = run_once(key, objects, make, f"your code on {n} ranks ({gpus_per_node(n)} per node)")
+            make = lambda: train_linked(self.configured(stage, settings[n]), n, config)  # noqa: E731
+            key = (self.exercise, objects, n, config.precision, settings[n])
+            run, links = run_once(key, objects, make, f"your code on {self.label(n, settings[n])}")
             return {"run": run_to_data(run), "links": links_to_data(links)}
 
         return observed_runs(world_sizes, entry)
 
-    def linked_runs(self, observation: Any, world_sizes: list[int], config: TrainConfig = CONFIG) -> Any:
-        """(label, (run, links), (reference, its links)) per world size, validated; CheckFailed for a failed run."""
+    def linked_runs(self, observation: Any, world_sizes: list[int], config: TrainConfig = CONFIG, **given: Any) -> Any:
+        """(label, (run, links), (reference, its links), G) per world size, validated; CheckFailed for a
+        failed run."""
         reference_stage = graded_stage(self.reference_stage, self.exercise)
+        settings = self.settings(world_sizes, given)
         for n, entry in observed_entries(observation, world_sizes, {"run", "links"}):
             run = run_from_data(entry["run"], n, STEPS, layer_partitions(n))
             links = links_from_data(entry["links"], run)
             check_own_collectives(run, self.reference_tags(), self.exercise)
-            make = lambda n=n: train_linked(reference_stage, n, config)  # noqa: E731
-            reference = run_once((self.exercise, "reference", n, config.precision), (), make, f"reference on {n}")
-            yield f"{n} ranks ({n // gpus_per_node(n)} nodes of {gpus_per_node(n)})", (run, links), reference
+            g = settings[n]
+            make = lambda n=n, g=g: train_linked(self.configured(reference_stage, g), n, config)  # noqa: E731
+            key = (self.exercise, "reference", n, config.precision, g)
+            reference = run_once(key, (), make, f"reference on {n}")
+            require_course_records(run, reference[0])
+            yield self.label(n, g), (run, links), reference, g
 
-    def runs(self, observation: Any, world_sizes: list[int], config: TrainConfig = CONFIG) -> Any:
-        for label, (run, _), (reference, _) in self.linked_runs(observation, world_sizes, config):
-            yield label, run, reference
+    def runs(self, observation: Any, world_sizes: list[int], config: TrainConfig = CONFIG, **given: Any) -> Any:
+        for label, (run, _), (reference, _), g in self.linked_runs(observation, world_sizes, config, **given):
+            yield GradedRun(label, run, reference, g)
 
-    def judge_memory(self, observation: Any, world_sizes: list[int]) -> str:
-        for label, (run, links), (reference, _) in self.linked_runs(observation, world_sizes):
-            check_staging(run, links, label)
+    def judge_memory(self, observation: Any, world_sizes: list[int], **given: Any) -> str:
+        for label, (run, links), (reference, _), g in self.linked_runs(observation, world_sizes, **given):
+            check_staging(run, links, label, g)
             self.memory_rules(run, reference, label)
             check_nothing_left_behind(run, label)
-        return f"{self.sizes(world_sizes)} ranks: {self.memory_summary}; nothing left alive after a pass"
+        return f"{self.sizes(world_sizes, **given)}: {self.memory_summary}; nothing left alive after a pass"
 
-    def judge_communication(self, observation: Any, world_sizes: list[int]) -> str:
-        for label, (run, links), (reference, reference_links) in self.linked_runs(observation, world_sizes):
+    def judge_communication(self, observation: Any, world_sizes: list[int], **given: Any) -> str:
+        linked = self.linked_runs(observation, world_sizes, **given)
+        for label, (run, links), (reference, reference_links), g in linked:
             check_stage_collectives(run, links, reference, reference_links, label)
-            check_gather_links(run, links, label)
-        return f"{self.sizes(world_sizes)} ranks: {self.communication_summary}"
+            check_gather_links(run, links, label, g)
+        return f"{self.sizes(world_sizes, **given)}: {self.communication_summary}"
 
 
 def gathered_memory_rules(run: Run, reference: Run, label: str) -> None:
@@ -305,6 +342,14 @@ EXERCISE = LinkedStageExercise(
     memory_summary="at most one staging buffer of Ψ_layer/G alive during each gather, none after it returns",
     communication_summary="no gather collective over all ranks; per rank, (M-1)/M·Ψ_layer/G across nodes and "
     "(G-1)/G·Ψ_layer inside them per gather; the reduce-scatters as the reference's",
+    setting=Setting(
+        "gpus_per_node",
+        default=gpus_per_node,
+        draw=draw_gpus_per_node,
+        configure=with_gpus_per_node,
+        describe=lambda g: f"nodes of {g}",
+    ),
+    hidden_world_sizes=draw_world_sizes,
 )
 
 check_training = EXERCISE.check_training
@@ -313,11 +358,11 @@ check_communication = EXERCISE.check_communication
 check_memory_and_communication = EXERCISE.check_memory_and_communication
 
 NAMES = EXERCISE.names
-_VISIBLE, _HIDDEN = {"world_sizes": VISIBLE_WORLD_SIZES}, {"world_sizes": HIDDEN_WORLD_SIZES}
+_VISIBLE, _HIDDEN = {"world_sizes": VISIBLE_WORLD_SIZES}, {"world_sizes": HIDDEN_CELL_WORLD_SIZES}
 CHECKS = (
     Check("test_training", 2, check_training, NAMES, _VISIBLE),
     Check("test_memory", 2, check_memory, NAMES, _VISIBLE),
     Check("test_communication", 2, check_communication, NAMES, _VISIBLE),
-    Check("test_hidden_training", 2, check_training, NAMES, _HIDDEN, hidden=True),
-    Check("test_hidden_memory_communication", 2, check_memory_and_communication, NAMES, _HIDDEN, True),
+    Check("test_hidden_training", 2, check_training, NAMES, _HIDDEN, True, EXERCISE.draw),
+    Check("test_hidden_memory_communication", 2, check_memory_and_communication, NAMES, _HIDDEN, True, EXERCISE.draw),
 )

@@ -31,7 +31,7 @@ from nbgrader.preprocessors import ClearHiddenTests, OverwriteCells
 from traitlets import Bool, Float
 
 from autograder import walls as os_walls
-from autograder.checks import CheckResult
+from autograder.checks import CheckResult, grading_secret
 from autograder.sandbox import Limits, grade_notebook
 from autograder.submission import EXERCISES
 
@@ -61,7 +61,8 @@ class TrustedGrade(Preprocessor):
         with tempfile.TemporaryDirectory(prefix="nbgrader-trusted-") as folder:
             path = Path(folder) / f"{assignment}.ipynb"
             nbformat.write(nb, path)
-            results = {result.name: result for result in grade_notebook(path, assignment, limits)}
+            secret = grading_secret(create=True)
+            results = {result.name: result for result in grade_notebook(path, assignment, limits, secret=secret)}
         for cell in nb.cells:
             meta = cell.metadata.get("nbgrader", {})
             if cell.cell_type == "code" and meta.get("grade") and not meta.get("solution"):

@@ -6,21 +6,25 @@ two travels a `Run`: per rank the losses, fp32 master shards and the gradients A
 rank's memory audit saw (peaks, the buffers it named per step, what each phase left alive); and the
 collectives its ledger recorded. `run_to_data` writes it as JSON-ready data (float tensors as base64 of
 their little-endian bytes: exact, NaN included, a fifth of the size of decimal text) and `run_from_data`
-reads it back, refusing anything that is not what `run_to_data` makes for a run of that size: wrong
-counts, layers, lengths, categories or types raise `ObservationInvalid`.
+reads it back, refusing anything that is not what `run_to_data` makes for a run of that size (wrong
+counts, layers, lengths, categories or types) and anything no run can make (a negative or an impossibly
+large byte count, a time that is not a finite number, marks that go back in time): `ObservationInvalid`,
+"the observation cannot be true". `require_course_records` holds a run to what the course's own code
+records in every run, as the reference run shows it.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from autograder.checks import ObservationInvalid
-from zero_core import memory
+from autograder.checks import impossible
+from zero_core import comm, memory, schedule
 from zero_core.comm import CommLedger
 from zero_core.memory import Leftover, MemoryTracker
 from zero_core.partition import FlatPartition
@@ -186,153 +190,220 @@ def run_to_data(run: Run) -> dict[str, Any]:
     }
 
 
-# -- from data, in the parent: nothing but what run_to_data makes --------------------------------------
+# -- from data, in the parent: nothing but what run_to_data makes, nothing a run cannot make -------------
+
+ADDRESS_SPACE_BYTES = 4096 * 2**20
+"""A grading child's address space (`sandbox.Limits.memory_bytes`, a test keeps them equal): no buffer, peak
+or collective of its runs is larger."""
+COURSE_REGISTERED = (*memory.MODEL_STATES, memory.ACTIVATIONS)
+"""What the stage registers itself, before or around the student's code: the model states, and the loss."""
+MARKED_EVENTS = (schedule.GRADIENTS_READY, schedule.NEEDS_PARAMETERS)
 
 
-def _require(condition: bool, what: str) -> None:
+def require(condition: bool, what: str) -> None:
+    """`ObservationInvalid` ("the observation cannot be true: `what`") unless `condition`."""
     if not condition:
-        raise ObservationInvalid(f"the grading process returned malformed data ({what}): no points")
+        raise impossible(what)
 
 
-def _is_int(value: Any) -> bool:
+def well_formed(condition: bool, what: str) -> None:
+    """`require` for the shape of the data: "malformed data (`what`)" unless `condition`."""
+    require(condition, f"malformed data ({what})")
+
+
+def is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_number(value: Any) -> bool:
+def is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def _list(value: Any, what: str, length: int | None = None) -> list:
-    _require(isinstance(value, list) and len(value) <= MAX_ITEMS, f"{what} is not a list")
-    _require(length is None or len(value) == length, f"{what} has {len(value)} entries, not {length}")
+def count(value: Any, what: str, low: int = 0, high: int = ADDRESS_SPACE_BYTES) -> int:
+    """An integer a run could have counted (bytes, elements, a step): between `low` and `high`."""
+    require(is_int(value), f"{what} is {value!r:.40}, not an integer")
+    require(low <= value <= high, f"{what} is {value:,}; a run's is between {low:,} and {high:,}")
+    return int(value)
+
+
+def seconds(value: Any, what: str) -> float:
+    require(is_number(value) and math.isfinite(value), f"{what} is {value!r:.40}, not a finite number of seconds")
+    return float(value)
+
+
+def listed(value: Any, what: str, length: int | None = None) -> list:
+    well_formed(isinstance(value, list) and len(value) <= MAX_ITEMS, f"{what} is not a list")
+    well_formed(length is None or len(value) == length, f"{what} has {len(value)} entries, not {length}")
     return value
+
+
+def element_size(dtype: Any, what: str) -> int:
+    """Bytes per element of a dtype as the ledger names it ("bfloat16")."""
+    value = getattr(torch, dtype, None) if isinstance(dtype, str) and dtype.isidentifier() else None
+    well_formed(isinstance(value, torch.dtype), f"{what}'s dtype {dtype!r:.40} is no torch dtype")
+    return value.itemsize
+
+
+def runs_asked(observation: Any, world_sizes: list[int]) -> dict[str, Any]:
+    """{"N": what was observed on N ranks} of an observation {"runs": ...}: exactly the world sizes the
+    check asked for, none missing, none other."""
+    runs = observation.get("runs") if isinstance(observation, dict) else None
+    well_formed(isinstance(runs, dict), "no runs")
+    require(
+        set(runs) == {str(n) for n in world_sizes},
+        f"runs on {', '.join(runs)[:80]} ranks; the check asked for {', '.join(map(str, world_sizes))}",
+    )
+    return runs
+
+
+def returned_values(observation: Any, key: str, calls: int) -> list:
+    """The values a student's function returned, one per call, as `checks`' observers write them: a number,
+    None, or {"repr": text} for anything else. A list of another length, or other data, cannot be true."""
+    values = observation.get(key) if isinstance(observation, dict) else None
+    well_formed(isinstance(values, list), f"no list of {key} values")
+    well_formed(len(values) == calls, f"{len(values)} {key} values for {calls} calls")
+    for index, value in enumerate(values):
+        shown = value is None or is_number(value) or isinstance(value, bool)
+        shown = shown or (isinstance(value, dict) and set(value) == {"repr"} and isinstance(value["repr"], str))
+        well_formed(shown, f"{key} value {index} is {value!r:.40}, which no call's value is written as")
+    return values
 
 
 def decode_floats(value: Any, numel: int, what: str) -> torch.Tensor:
     """The fp32 tensor of `numel` values that `encode_floats` wrote; `ObservationInvalid` for anything else."""
-    _require(isinstance(value, str), f"{what} is not encoded values")
+    well_formed(isinstance(value, str), f"{what} is not encoded values")
     try:
         raw = base64.b64decode(value, validate=True)
     except (binascii.Error, ValueError):
-        _require(False, f"{what} is not base64")
-    _require(len(raw) == 4 * numel, f"{what} holds {len(raw) // 4} values, not {numel}")
+        well_formed(False, f"{what} is not base64")
+    well_formed(len(raw) == 4 * numel, f"{what} holds {len(raw) // 4} values, not {numel}")
     return torch.frombuffer(bytearray(raw), dtype=torch.float32) if numel else torch.zeros(0)
 
 
 def _rank_record(data: Any, rank: int, steps: int, partitions: dict[str, FlatPartition]) -> RankRecord:
     what = f"rank {rank}"
-    _require(isinstance(data, dict), f"{what} is not a record")
-    losses = _list(data.get("losses"), f"{what}'s losses", steps)
-    _require(all(_is_number(v) for v in losses), f"{what}'s losses are not numbers")
+    well_formed(isinstance(data, dict), f"{what} is not a record")
+    losses = listed(data.get("losses"), f"{what}'s losses", steps)
+    well_formed(all(is_number(v) for v in losses), f"{what}'s losses are not numbers")
     record = RankRecord(losses=[float(v) for v in losses])
     master = data.get("master")
-    _require(isinstance(master, dict) and set(master) <= set(partitions), f"{what}'s master layers")
+    well_formed(isinstance(master, dict) and set(master) <= set(partitions), f"{what}'s master layers")
     for name, entry in master.items():
         start, end = partitions[name].owned_range(rank)
-        _require(isinstance(entry, list) and len(entry) == 2 and entry[0] == start, f"{what}'s {name} shard offset")
+        well_formed(isinstance(entry, list) and len(entry) == 2 and entry[0] == start, f"{what}'s {name} shard offset")
         record.master[name] = (start, decode_floats(entry[1], end - start, f"{what}'s {name} master"))
-    for entry in _list(data.get("adam_grads"), f"{what}'s Adam gradients"):
-        _require(isinstance(entry, list) and len(entry) == 3, f"{what}'s Adam gradient entry")
+    for entry in listed(data.get("adam_grads"), f"{what}'s Adam gradients"):
+        well_formed(isinstance(entry, list) and len(entry) == 3, f"{what}'s Adam gradient entry")
         layer, step, values = entry
-        _require(layer in partitions and _is_int(step) and 0 <= step < steps, f"{what}'s Adam gradient key")
-        record.adam_grads[(layer, step)] = decode_floats(values, _numel_of(values), f"{what}'s {layer} gradient")
-    stray = _list(data.get("stray_grads"), f"{what}'s stray gradients")
-    _require(all(layer in partitions for layer in stray), f"{what}'s stray gradient layers")
+        well_formed(layer in partitions and is_int(step) and 0 <= step < steps, f"{what}'s Adam gradient key")
+        require((layer, step) not in record.adam_grads, f"{what} gave Adam two gradients of {layer} at step {step}")
+        numel = _numel_of(values)
+        require(
+            numel <= partitions[layer].padded_numel,
+            f"{what} gave Adam a gradient of {numel:,} elements for {layer}, more than the whole layer's "
+            f"{partitions[layer].padded_numel:,}",
+        )
+        record.adam_grads[(layer, step)] = decode_floats(values, numel, f"{what}'s {layer} gradient")
+    stray = listed(data.get("stray_grads"), f"{what}'s stray gradients")
+    well_formed(all(layer in partitions for layer in stray) and stray == sorted(set(stray)), f"{what}'s stray layers")
     record.stray_grads = set(stray)
     largest = data.get("largest_fp32")
-    _require(isinstance(largest, dict) and set(largest) <= set(partitions), f"{what}'s largest fp32 tensors")
+    well_formed(isinstance(largest, dict) and set(largest) <= set(partitions), f"{what}'s largest fp32 tensors")
     for layer, entry in largest.items():
-        _require(
-            isinstance(entry, list) and len(entry) == 2 and _is_int(entry[0]) and isinstance(entry[1], str),
-            f"{what}'s largest fp32 tensor of {layer}",
-        )
-        record.largest_fp32[layer] = (entry[0], entry[1])
-    for entry in _list(data.get("schedule"), f"{what}'s schedule"):
-        _require(
-            isinstance(entry, list)
-            and len(entry) == 4
-            and _is_number(entry[0])
-            and isinstance(entry[1], str)
-            and entry[2] in partitions
-            and _is_int(entry[3]),
+        well_formed(isinstance(entry, list) and len(entry) == 2 and isinstance(entry[1], str), f"{what}'s fp32 {layer}")
+        numel = count(entry[0], f"{what}'s largest fp32 tensor of {layer} (elements)", high=ADDRESS_SPACE_BYTES // 4)
+        record.largest_fp32[layer] = (numel, entry[1])
+    for entry in listed(data.get("schedule"), f"{what}'s schedule"):
+        well_formed(
+            isinstance(entry, list) and len(entry) == 4 and entry[1] in MARKED_EVENTS and entry[2] in partitions,
             f"{what}'s schedule mark",
         )
-        record.schedule.append((float(entry[0]), entry[1], entry[2], entry[3]))
+        at = seconds(entry[0], f"{what}'s schedule mark")
+        require(not record.schedule or at >= record.schedule[-1][0], f"{what}'s schedule marks go back in time")
+        record.schedule.append((at, entry[1], entry[2], count(entry[3], f"{what}'s unnamed bytes at a mark")))
     return record
 
 
 def _numel_of(encoded: Any) -> int:
     """Elements of an encoded fp32 tensor whose length the record does not fix (a gradient Adam was given)."""
-    _require(isinstance(encoded, str) and len(encoded) % 4 == 0, "an encoded gradient")
+    well_formed(isinstance(encoded, str) and len(encoded) % 4 == 0, "an encoded gradient")
     return (len(encoded) // 4 * 3 - encoded.count("=")) // 4
 
 
 def _rank_memory(data: Any, rank: int, steps: int) -> RankMemory:
-    what = f"rank {rank}'s memory"
-    _require(isinstance(data, dict), what)
+    what = f"rank {rank}'s"
+    well_formed(isinstance(data, dict), f"{what} memory")
     peaks = data.get("peaks")
-    _require(
-        isinstance(peaks, dict) and set(peaks) == set(memory.CATEGORIES) and all(_is_int(v) for v in peaks.values()),
-        f"{what} peaks",
-    )
+    well_formed(isinstance(peaks, dict) and set(peaks) == set(memory.CATEGORIES), f"{what} peaks by category")
+    peaks = {category: count(value, f"{what} peak of {category} (bytes)") for category, value in peaks.items()}
     registrations = []
-    for entry in _list(data.get("registrations"), f"{what} registrations"):
-        _require(
-            isinstance(entry, list)
-            and len(entry) == 3
-            and entry[0] in REGISTERED_CATEGORIES
-            and _is_int(entry[1])
-            and 0 <= entry[1] < steps
-            and _is_int(entry[2]),
+    for entry in listed(data.get("registrations"), f"{what} registrations"):
+        well_formed(
+            isinstance(entry, list) and len(entry) == 3 and entry[0] in REGISTERED_CATEGORIES,
             f"{what} registration",
         )
-        registrations.append((entry[0], entry[1], entry[2]))
+        step = count(entry[1], f"{what} step of a registration", high=steps - 1)
+        registrations.append((entry[0], step, count(entry[2], f"{what} registered {entry[0]} (bytes)", low=1)))
     leftovers = []
-    for entry in _list(data.get("leftovers"), f"{what} leftovers"):
-        _require(
+    for entry in listed(data.get("leftovers"), f"{what} leftovers"):
+        well_formed(
             isinstance(entry, list)
             and len(entry) == 5
-            and _is_int(entry[0])
             and isinstance(entry[1], str)
             and entry[2] in memory.LEFTOVER_CATEGORIES
-            and isinstance(entry[3], str)
-            and _is_int(entry[4]),
+            and isinstance(entry[3], str),
             f"{what} leftover",
         )
-        leftovers.append(Leftover(*entry))
+        step = count(entry[0], f"{what} step of a leftover", high=steps - 1)
+        nbytes = count(entry[4], f"{what} leftover of {entry[2]} (bytes)", low=1)
+        leftovers.append(Leftover(step, entry[1], entry[2], entry[3], nbytes))
     return RankMemory(peaks, registrations, leftovers)
 
 
+def _collective(entry: Any, what: str, steps: int) -> Collective:
+    well_formed(
+        isinstance(entry, list)
+        and len(entry) == 9
+        and entry[0] in (*comm.OPS, *comm.PCIE_OPS)
+        and all(isinstance(entry[i], str) for i in (3, 6)),
+        what,
+    )
+    op, dtype, _, tag, _, _, issuer, _, _ = entry
+    size = element_size(dtype, what)
+    elements = count(entry[2], f"{what}'s elements")
+    step = count(entry[4], f"{what}'s step", high=steps - 1)
+    most = 0 if op in (comm.BARRIER, *comm.PCIE_OPS) else 2 * elements * size
+    bytes_sent = count(entry[5], f"{what}'s bytes sent ({op} of {elements:,} {dtype} elements)", high=most)
+    started = seconds(entry[7], f"{what}'s start")
+    waited = seconds(entry[8], f"{what}'s wait")
+    require(waited == 0 or waited >= started, f"{what} was waited for before it started")
+    return Collective(op, dtype, elements, tag, step, bytes_sent, issuer, started, waited)
+
+
 def _collectives(data: Any, rank: int, steps: int) -> list[Collective]:
-    entries = []
-    for entry in _list(data, f"rank {rank}'s collectives"):
-        _require(
-            isinstance(entry, list)
-            and len(entry) == 9
-            and isinstance(entry[0], str)
-            and isinstance(entry[1], str)
-            and _is_int(entry[2])
-            and isinstance(entry[3], str)
-            and _is_int(entry[4])
-            and 0 <= entry[4] < steps
-            and _is_int(entry[5])
-            and isinstance(entry[6], str)
-            and _is_number(entry[7])
-            and _is_number(entry[8]),
-            f"rank {rank}'s collective",
+    entries: list[Collective] = []
+    for entry in listed(data, f"rank {rank}'s collectives"):
+        entries.append(_collective(entry, f"rank {rank}'s collective {len(entries)}", steps))
+        require(
+            len(entries) == 1 or entries[-1].started_s >= entries[-2].started_s,
+            f"rank {rank}'s collectives are not in the order it started them",
         )
-        entries.append(Collective(*entry[:7], float(entry[7]), float(entry[8])))
     return entries
 
 
 def run_from_data(data: Any, world_size: int, steps: int, partitions: dict[str, FlatPartition]) -> Run:
     """The `Run` that `run_to_data` wrote for `world_size` ranks and `steps` steps; `ObservationInvalid` if
-    the data is anything else. The sizes and layers come from the caller, never from the data."""
-    _require(isinstance(data, dict), "not a run")
-    _require(data.get("world_size") == world_size and data.get("steps") == steps, "the run's size")
-    ranks = _list(data.get("ranks"), "ranks", world_size)
-    rank_memory = _list(data.get("memory"), "memory", world_size)
-    collectives = _list(data.get("collectives"), "collectives", world_size)
+    the data is anything else, or anything no run makes. The sizes and layers come from the caller, never
+    from the data."""
+    well_formed(isinstance(data, dict), "not a run")
+    require(
+        data.get("world_size") == world_size and data.get("steps") == steps,
+        f"a run of {data.get('world_size')!r:.20} ranks and {data.get('steps')!r:.20} steps, where the check "
+        f"asked for {world_size} and {steps}",
+    )
+    ranks = listed(data.get("ranks"), "ranks", world_size)
+    rank_memory = listed(data.get("memory"), "memory", world_size)
+    collectives = listed(data.get("collectives"), "collectives", world_size)
     return Run(
         world_size,
         steps,
@@ -341,3 +412,22 @@ def run_from_data(data: Any, world_size: int, steps: int, partitions: dict[str, 
         [_collectives(c, rank, steps) for rank, c in enumerate(collectives)],
         partitions,
     )
+
+
+def require_course_records(run: Run, reference: Run) -> None:
+    """What the course's own code records in every run, whatever the student's piece does, is there as in
+    the reference run: a peak above zero for each category the stage registers itself (the model states,
+    the loss) where the reference has one, and the moments the stage marks, the same events of the same
+    layers in the same order. A run without them was not made by the course's stage."""
+    for rank in range(run.world_size):
+        for category in COURSE_REGISTERED:
+            want, got = reference.memory[rank].peaks[category], run.memory[rank].peaks[category]
+            require(
+                got > 0 or want == 0,
+                f"rank {rank}'s peak of {category} is {got:,} bytes, yet the stage itself registers {want:,}",
+            )
+        marks, expected = ([m[1:3] for m in r.ranks[rank].schedule] for r in (run, reference))
+        require(
+            marks == expected,
+            f"rank {rank}'s schedule has {len(marks)} marks, not the {len(expected)} the stage makes in this order",
+        )

@@ -48,10 +48,15 @@ from autograder.checks import (
     CheckResult,
     ObservationInvalid,
     Observed,
+    drawn,
+    drawn_parameters,
+    grading_secret,
     judge_check,
     observe_check,
     run_check,
+    secret_path,
     through_json,
+    with_parameters,
 )
 from autograder.integrity import verdict
 from autograder.submission import (
@@ -91,7 +96,10 @@ class CheckTimeLimit(BaseException):
     """Raised in the child by the per-check alarm (a BaseException, so `except Exception` cannot swallow it)."""
 
 
-def _missing_message(returncode: int | None, timed_out: bool, limits: Limits, stderr_tail: str) -> str:
+def _missing_message(run: ChildRun, limits: Limits) -> str:
+    """Why a check has no observation: the time limit, or how the process ended, with its peak memory as the
+    kernel counted it (so a student can tell an exit from the memory limit) and the end of its stderr."""
+    returncode, timed_out, stderr_tail = run.returncode, run.timed_out, run.stderr_tail
     if timed_out:
         return (
             f"not graded: the notebook hit the time limit of {limits.time_s:g} s before this check "
@@ -101,7 +109,10 @@ def _missing_message(returncode: int | None, timed_out: bool, limits: Limits, st
         reason = f"was killed by signal {-returncode}"
     else:
         reason = f"exited with code {returncode}"
-    hint = "does the code call sys.exit or os._exit, or exceed the memory limit?"
+    hint = (
+        f"does the code call sys.exit or os._exit, or exceed the memory limit? It held up to "
+        f"{run.peak_rss_bytes / MiB:,.0f} MiB; the limit is {limits.memory_bytes / MiB:,.0f} MiB of address space"
+    )
     tail = f"\nlast lines on stderr:\n{stderr_tail}" if stderr_tail else ""
     return f"not graded: the grading process {reason} before this check ({hint}){tail}"
 
@@ -113,15 +124,21 @@ MAX_CELL_ERRORS = 20
 
 
 def grade_notebook(
-    path: Path, assignment: str | None = None, limits: Limits = Limits(), protected: tuple[Path, ...] = ()
+    path: Path,
+    assignment: str | None = None,
+    limits: Limits = Limits(),
+    protected: tuple[Path, ...] = (),
+    secret: bytes | None = None,
 ) -> list[CheckResult]:
     """Every check of the notebook's assignment, observed in a child process and judged here; never raises
-    for the notebook. Without walls, the child's audit hook refuses it the `protected` paths (grades,
-    feedback); inside them, those paths do not exist for it."""
+    for the notebook. The hidden checks' parameters are drawn here from `secret` (`checks.drawn`; the
+    instructor's secret file, or a fresh random one where there is none) and handed to the child. Without
+    walls, the child's audit hook refuses it the `protected` paths (grades, feedback, the secret); inside
+    them, those paths do not exist for it."""
     path = Path(path).resolve()
     assignment = assignment or assignment_of(path)
     exercise = exercise_module(assignment)
-    checks: tuple[Check, ...] = exercise.CHECKS
+    checks: tuple[Check, ...] = drawn(exercise.CHECKS, assignment, grading_secret() if secret is None else secret)
     not_a_notebook = unreadable(path)
     if not_a_notebook:
         return [CheckResult(check.name, 0, check.points, f"not graded: {not_a_notebook}") for check in checks]
@@ -130,6 +147,7 @@ def grade_notebook(
         message = verdict(problems, assignment)
         return [CheckResult(check.name, 0, check.points, message) for check in checks]
     answers = walls.module_files(exercise.ANSWER_MODULES)
+    built = walls.require() if limits.walls else None
     with tempfile.TemporaryDirectory(prefix="autograder-") as tmp:
         notebook = Path(tmp) / "submission" / path.name
         notebook.parent.mkdir()
@@ -137,23 +155,24 @@ def grade_notebook(
         results_read, results_write = os.pipe()
         witness, witness_fd = start_witness(exercise)
         arguments = [str(notebook), assignment, str(results_write), str(limits.memory_bytes), str(limits.check_time_s),
-                     str(witness_fd)]
+                     str(witness_fd), json.dumps(drawn_parameters(checks))]
         command = [sys.executable, "-I", "-c", CHILD_BOOT, *arguments]
-        if limits.walls:
+        if built is not None:
             readable = [*walls.course_files(excluded=answers), RELEASE_DIR / assignment / f"{assignment}.ipynb",
                         notebook.parent]
-            command, seccomp_fd = walls.require().wrap(command, readable, dict(WALLED_ENVIRONMENT))
+            command, seccomp_fd = built.wrap(command, readable, dict(WALLED_ENVIRONMENT))
             env = None
         else:
             seccomp_fd = -1
             env = dict(os.environ, **CHILD_ENVIRONMENT)
-            env[child_guard.PROTECTED_VARIABLE] = os.pathsep.join(str(p.resolve()) for p in (*protected, *answers))
+            hidden = (*protected, *answers, secret_path())
+            env[child_guard.PROTECTED_VARIABLE] = os.pathsep.join(str(p.resolve()) for p in hidden)
         passed = tuple(fd for fd in (witness_fd, seccomp_fd) if fd >= 0)
         run = run_child(command, env, limits.time_s, (results_read, results_write), passed)
         if witness is not None:
             witness.join(timeout=WITNESS_JOIN_S)
     observed = read_observations(run.results, {check.name for check in checks})
-    missing = _missing_message(run.returncode, run.timed_out, limits, run.stderr_tail)
+    missing = _missing_message(run, limits)
     cell_errors = observed.pop(CELL_ERRORS, Observed(observation=[])).observation
     return [judge_observed(check, observed.get(check.name), missing, cell_errors, witness) for check in checks]
 
@@ -388,12 +407,12 @@ def grade_submission(submission: Submission, checks: tuple[Check, ...]) -> Itera
 
 def child_main(argv: list[str]) -> int:
     """In the child: load the notebook, observe every check, append each observation to the results file."""
-    path, assignment, results_fd, memory_bytes, check_time_s, witness_fd = argv
+    path, assignment, results_fd, memory_bytes, check_time_s, witness_fd, parameters = argv
     _limit_resources(int(memory_bytes))
     seconds = float(check_time_s)
     signal.signal(signal.SIGALRM, functools.partial(_on_alarm, seconds))
     exercise = exercise_module(assignment)
-    checks: tuple[Check, ...] = exercise.CHECKS
+    checks: tuple[Check, ...] = with_parameters(exercise.CHECKS, json.loads(parameters))
     loaded = sorted(set(exercise.ANSWER_MODULES) & set(sys.modules))
     if loaded:
         raise RuntimeError(f"grader bug: the grading child loaded the reference answers {loaded}")

@@ -4,17 +4,23 @@ An exercise says which reference stage it grades against, how to build the stage
 objects, and which memory rules apply; training and communication are compared with the reference run
 the same way for all of them: training in fp32, within the rounding that the single-device fp32 oracle
 measures (`verdicts.Tolerance`), collectives op for op. The student's runs are made where the student's
-code runs and reach the verdicts as validated data.
+code runs and reach the verdicts as validated data (`records.run_from_data`, `records.require_course_records`).
+
+The hidden checks run on world sizes drawn at grading time (`draw_world_sizes`, `checks.drawn`); an exercise
+whose stage has a parameter per world size (ex06's bucket size, ex07's window, ...) names it as a `Setting`,
+which the hidden checks draw too, and which reaches the student's run and the reference run alike as the
+check's argument.
 """
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import cache
-from typing import Any
+from typing import Any, NamedTuple
 
-from autograder.checks import Check, CheckFailed, ObservationInvalid, graded
+from autograder.checks import Check, CheckFailed, graded
 from autograder.harness import (
     CONFIG,
     STEPS,
@@ -26,7 +32,7 @@ from autograder.harness import (
     train,
 )
 from autograder.integrity import REFERENCE_MODULES, require_own_code
-from autograder.records import Run, run_from_data, run_to_data
+from autograder.records import Run, require_course_records, run_from_data, run_to_data, runs_asked, well_formed
 from autograder.verdicts import (
     bit_identical,
     check_nothing_left_behind,
@@ -38,9 +44,48 @@ from autograder.verdicts import (
 from zero_core.stages.base import OVERFLOW_TAG, TrainConfig, ZeroStage, layer_tag, named_object
 
 VISIBLE_WORLD_SIZES = [2, 3]
-HIDDEN_WORLD_SIZES = [5, 7]
-"""N = 3, 5 and 7 do not divide the micro model's layers (64-element LayerNorms): padding is needed, in a
-visible check as in the hidden ones."""
+HIDDEN_CELL_WORLD_SIZES = [5, 7]
+"""What the solution notebooks' hidden test cells call in a kernel; a grade draws its own (`draw_world_sizes`)."""
+HIDDEN_WORLD_SIZE_RANGE = range(4, 9)
+"""The hidden checks' N: two of 4 to 8, not both powers of two. N = 3 (visible) and 5, 6, 7 do not divide the
+micro model's layers (64-element LayerNorms): padding is needed, in a visible check as in a hidden one."""
+
+
+def draw_world_sizes(rng: random.Random) -> list[int]:
+    """Two world sizes of `HIDDEN_WORLD_SIZE_RANGE`, at least one of which needs padding: about the ranks
+    that 5 and 7 make, so the hidden checks take about as long as ever."""
+    while True:
+        sizes = sorted(rng.sample(HIDDEN_WORLD_SIZE_RANGE, 2))
+        if any(n & (n - 1) for n in sizes):
+            return sizes
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A parameter of an exercise's stage that takes one value per world size (ex06's bucket size B): the
+    checks take it as a list beside `world_sizes` (`bucket_bytes=[9216, 20480]`), drawn for the hidden ones;
+    a check that gives none runs on the exercise's defaults."""
+
+    name: str
+    default: Callable[[int], Any]
+    """The value on N ranks when the check gives none (the visible checks, a notebook's call)."""
+    draw: Callable[[random.Random, int], Any]
+    """A hidden check's value on N ranks, from a range that keeps the check meaningful; JSON data."""
+    configure: Callable[[type, Any], type]
+    """The stage class with the value."""
+    describe: Callable[[Any], str]
+    """The value as a message shows it: "B = 9,216 bytes"."""
+    read: Callable[[Any], Any] = lambda value: value
+    """The value from a check's argument, which crossed as JSON."""
+
+
+class GradedRun(NamedTuple):
+    """One world size of a check: the student's run and the reference run, made with the same setting."""
+
+    label: str
+    run: Run
+    reference: Run
+    setting: Any
 
 
 @dataclass(frozen=True)
@@ -62,43 +107,77 @@ class StageExercise:
     students_collectives: tuple[tuple[str, type], ...]
     """The collectives the student's code issues, as ("grad" or "param", kind of layer): ex03's Linear
     layers' gradient reduce-scatters, say. The stage issues the others."""
-    memory_rules: Callable[[Run, Run, str], None]
+    memory_rules: Callable[..., None]
+    """rules(run, reference, label), and the run's setting after them if the exercise has a `Setting`."""
     memory_summary: str
     communication_summary: str
     forbidden: tuple[str, ...] = REFERENCE_MODULES
+    setting: Setting | None = None
+    hidden_world_sizes: Callable[[random.Random], list[int]] = draw_world_sizes
+
+    def settings(self, world_sizes: list[int], given: dict[str, Any]) -> dict[int, Any]:
+        """{N: its setting}: the check's (`given`, under the setting's name), else the defaults; None each
+        for an exercise without a setting."""
+        name = self.setting.name if self.setting else None
+        if set(given) - {name}:
+            raise TypeError(f"{self.exercise}'s checks take no {', '.join(sorted(set(given) - {name}))}")
+        if self.setting is None:
+            return dict.fromkeys(world_sizes)
+        values = given.get(name) or [self.setting.default(n) for n in world_sizes]
+        if len(values) != len(world_sizes):
+            raise TypeError(f"{self.exercise}: {len(values)} {name} for {len(world_sizes)} world sizes")
+        return {n: self.setting.read(value) for n, value in zip(world_sizes, values, strict=True)}
+
+    def configured(self, stage: type[ZeroStage], setting: Any) -> type[ZeroStage]:
+        return stage if self.setting is None else self.setting.configure(stage, setting)
+
+    def label(self, world_size: int, setting: Any) -> str:
+        return f"{world_size} ranks" + (f" ({self.setting.describe(setting)})" if self.setting else "")
+
+    def draw(self, rng: random.Random) -> dict[str, Any]:
+        """A hidden check's arguments: world sizes (`hidden_world_sizes`) and, per size, a setting."""
+        sizes = self.hidden_world_sizes(rng)
+        if self.setting is None:
+            return {"world_sizes": sizes}
+        return {"world_sizes": sizes, self.setting.name: [self.setting.draw(rng, n) for n in sizes]}
 
     # -- in the process that runs the student's code ----------------------------------------------------
 
-    def observe(self, *objects: Any, world_sizes: list[int], config: TrainConfig = CONFIG) -> dict[str, Any]:
+    def observe(
+        self, *objects: Any, world_sizes: list[int], config: TrainConfig = CONFIG, **given: Any
+    ) -> dict[str, Any]:
         """{"runs": {N: {"run": data} or {"failure": why the run did not finish}}}."""
         require_own_code(dict(zip(self.names, objects, strict=True)), self.names, self.forbidden, self.exercise)
         stage, functions = self.build(*objects)
+        settings = self.settings(world_sizes, given)
 
         def entry(n: int) -> dict[str, Any]:
-            make = lambda: train(stage, n, functions, config=config)  # noqa: E731
-            key = (self.exercise, objects, n, config.precision)
+            make = lambda: train(self.configured(stage, settings[n]), n, functions, config=config)  # noqa: E731
+            key = (self.exercise, objects, n, config.precision, settings[n])
             return {"run": run_to_data(run_once(key, objects, make, _yours(n)))}
 
         return observed_runs(world_sizes, entry)
 
-    def observe_training(self, *objects: Any, world_sizes: list[int]) -> dict[str, Any]:
+    def observe_training(self, *objects: Any, world_sizes: list[int], **given: Any) -> dict[str, Any]:
         """The runs of the training check: fp32 (`TRAINING_CONFIG`), to be judged against the oracle."""
-        return self.observe(*objects, world_sizes=world_sizes, config=TRAINING_CONFIG)
+        return self.observe(*objects, world_sizes=world_sizes, config=TRAINING_CONFIG, **given)
 
     # -- in the process that decides ----------------------------------------------------------------------
 
     def runs(
-        self, observation: Any, world_sizes: list[int], config: TrainConfig = CONFIG
-    ) -> Iterator[tuple[str, Run, Run]]:
-        """(label, student run, reference run) per world size; raises CheckFailed for a run that failed."""
+        self, observation: Any, world_sizes: list[int], config: TrainConfig = CONFIG, **given: Any
+    ) -> Iterator[GradedRun]:
+        """The student's and the reference's run per world size, validated; CheckFailed for a run that failed."""
         reference_stage = graded_stage(self.reference_stage, self.exercise)
+        settings = self.settings(world_sizes, given)
         for n, entry in observed_entries(observation, world_sizes, {"run"}):
             run = run_from_data(entry["run"], n, STEPS, layer_partitions(n))
             check_own_collectives(run, self.reference_tags(), self.exercise)
-            make = lambda n=n: train(reference_stage, n, config=config)  # noqa: E731
-            key = (self.exercise, "reference", n, config.precision)
+            make = lambda n=n: train(self.configured(reference_stage, settings[n]), n, config=config)  # noqa: E731
+            key = (self.exercise, "reference", n, config.precision, settings[n])
             reference = run_once(key, (), make, f"reference on {n} ranks")
-            yield f"{n} ranks", run, reference
+            require_course_records(run, reference)
+            yield GradedRun(self.label(n, settings[n]), run, reference, settings[n])
 
     def reference_tags(self) -> set[str]:
         """The tags of the collectives the course's code may issue in the student's run: every layer's
@@ -113,45 +192,58 @@ class StageExercise:
         stage: type[ZeroStage] = named_object(self.reference)
         return stage
 
-    def sizes(self, world_sizes: list[int]) -> str:
-        return ", ".join(map(str, world_sizes))
+    def sizes(self, world_sizes: list[int], **given: Any) -> str:
+        """The world sizes as a message names them: "2, 3 ranks", or with a setting "2 ranks (B = 12,288 bytes),
+        3 ranks (B = 12,288 bytes)"."""
+        if self.setting is None:
+            return f"{', '.join(map(str, world_sizes))} ranks"
+        return ", ".join(self.label(n, setting) for n, setting in self.settings(world_sizes, given).items())
 
-    def judge_training(self, observation: Any, world_sizes: list[int]) -> str:
+    def judge_training(self, observation: Any, world_sizes: list[int], **given: Any) -> str:
         exact = []
-        for label, run, reference in self.runs(observation, world_sizes, TRAINING_CONFIG):
-            compare_training(run, reference, label, tolerance_from_oracle(reference, *oracle_run(run.world_size)))
+        for label, run, reference, _ in self.runs(observation, world_sizes, TRAINING_CONFIG, **given):
+            tolerance = tolerance_from_oracle(reference, *oracle_run(run.world_size))
+            compare_training(run, reference, label, tolerance)
             exact.append(f"{run.world_size}: {'yes' if bit_identical(run, reference) else 'no'}")
         return (
-            f"{self.sizes(world_sizes)} ranks, {STEPS} steps: every loss, averaged gradient and fp32 master weight "
-            f"within rounding of the reference ZeRO-{self.reference_stage.stage}'s (bit-identical on N = "
+            f"{self.sizes(world_sizes, **given)}, {STEPS} steps: every loss, averaged gradient and fp32 master "
+            f"weight within rounding of the reference ZeRO-{self.reference_stage.stage}'s (bit-identical on N = "
             f"{', '.join(exact)})"
         )
 
-    def judge_memory(self, observation: Any, world_sizes: list[int]) -> str:
-        for label, run, reference in self.runs(observation, world_sizes):
-            self.memory_rules(run, reference, label)
+    def judge_memory(self, observation: Any, world_sizes: list[int], **given: Any) -> str:
+        for label, run, reference, setting in self.runs(observation, world_sizes, **given):
+            self.memory_rules(run, reference, label, *([setting] if self.setting else []))
             check_nothing_left_behind(run, label)
-        return f"{self.sizes(world_sizes)} ranks: {self.memory_summary}; nothing left alive after a pass"
+        return f"{self.sizes(world_sizes, **given)}: {self.memory_summary}; nothing left alive after a pass"
 
-    def judge_communication(self, observation: Any, world_sizes: list[int]) -> str:
-        for label, run, reference in self.runs(observation, world_sizes):
+    def judge_communication(self, observation: Any, world_sizes: list[int], **given: Any) -> str:
+        for label, run, reference, _ in self.runs(observation, world_sizes, **given):
             compare_collectives(run, reference, label)
-        return f"{self.sizes(world_sizes)} ranks: {self.communication_summary}"
+        return f"{self.sizes(world_sizes, **given)}: {self.communication_summary}"
 
-    def judge_memory_and_communication(self, observation: Any, world_sizes: list[int]) -> str:
-        memory = self.judge_memory(observation, world_sizes).split(": ", 1)[1]
-        return f"{self.judge_communication(observation, world_sizes)}; and {memory}"
+    def judge_memory_and_communication(self, observation: Any, world_sizes: list[int], **given: Any) -> str:
+        memory = self.judge_memory(observation, world_sizes, **given).split(": ", 1)[1]
+        return f"{self.judge_communication(observation, world_sizes, **given)}; and {memory}"
 
     def checks(self) -> tuple[Check, ...]:
-        """The five checks of the exercise, 2 points each: three visible on 2 and 3 ranks, two hidden on 5 and 7
-        (3, 5 and 7 need padding). Exercises with checks of their own list them (`check_with`)."""
-        visible, hidden = {"world_sizes": VISIBLE_WORLD_SIZES}, {"world_sizes": HIDDEN_WORLD_SIZES}
+        """The five checks of the exercise, 2 points each: three visible on 2 and 3 ranks, two hidden on world
+        sizes drawn at grading time (`draw`). Exercises with checks of their own list them (`check_with`)."""
+        visible, hidden = {"world_sizes": VISIBLE_WORLD_SIZES}, {"world_sizes": HIDDEN_CELL_WORLD_SIZES}
         return (
             Check("test_training", 2, self.check_training, self.names, visible),
             Check("test_memory", 2, self.check_memory, self.names, visible),
             Check("test_communication", 2, self.check_communication, self.names, visible),
-            Check("test_hidden_training", 2, self.check_training, self.names, hidden, hidden=True),
-            Check("test_hidden_memory_communication", 2, self.check_memory_and_communication, self.names, hidden, True),
+            Check("test_hidden_training", 2, self.check_training, self.names, hidden, True, self.draw),
+            Check(
+                "test_hidden_memory_communication",
+                2,
+                self.check_memory_and_communication,
+                self.names,
+                hidden,
+                True,
+                self.draw,
+            ),
         )
 
     @property
@@ -211,16 +303,14 @@ def observed_runs(world_sizes: list[int], entry: Callable[[int], dict[str, Any]]
 
 def observed_entries(observation: Any, world_sizes: list[int], keys: set[str]) -> Iterator[tuple[int, dict]]:
     """(N, its entry) of an `observed_runs` observation, in order, each holding exactly `keys`; a run that failed
-    raises CheckFailed with its message when reached, anything else malformed ObservationInvalid."""
-    runs = observation.get("runs") if isinstance(observation, dict) else None
-    if not isinstance(runs, dict) or set(runs) != {str(n) for n in world_sizes}:
-        raise ObservationInvalid("the grading process returned malformed data (not one run per N): no points")
+    raises CheckFailed with its message when reached; runs on other world sizes than the check asked for, or
+    anything else malformed, ObservationInvalid."""
+    runs = runs_asked(observation, world_sizes)
     for n in world_sizes:
         entry = runs[str(n)]
         if isinstance(entry, dict) and isinstance(entry.get("failure"), str):
             raise CheckFailed(entry["failure"][:MAX_FAILURE_CHARS])
-        if not isinstance(entry, dict) or set(entry) != keys:
-            raise ObservationInvalid(f"the grading process returned malformed data (run on {n} ranks): no points")
+        well_formed(isinstance(entry, dict) and set(entry) == keys, f"the run on {n} ranks")
         yield n, entry
 
 

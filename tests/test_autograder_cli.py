@@ -183,22 +183,26 @@ def test_the_csv_is_replaced_whole_or_not_at_all(tmp_path: Path) -> None:
 
 
 def test_a_batch_of_one_notebook_per_check_kind_matches_the_in_process_grade(tmp_path: Path) -> None:
-    """The child process grades exactly as the checks do in process (same results, same order)."""
+    """The child process grades exactly as the checks do in process (same results, same order), the hidden
+    checks drawn from the same secret."""
+    from autograder.checks import drawn, grading_secret
     from autograder.sandbox import grade_notebook, grade_submission
     from autograder.submission import exercise_module, load
 
     path = with_cell(EX05, "answers", "q1_gb_per_gpu = 16.6\nq2_stage, q2_gpus, q3_gpus = 3, 32, 2\nq4_gb_sent = 1.0\n",
                      tmp_path / EX05 / f"{EX05}.ipynb")
     in_child = grade_notebook(path)
-    in_process = list(grade_submission(load(path), exercise_module(EX05).CHECKS))
+    in_process = list(grade_submission(load(path), drawn(exercise_module(EX05).CHECKS, EX05, grading_secret())))
     assert in_child == in_process
     assert [r.name for r in in_child if not r.passed] == ["test_hidden_answers"]
     assert "q4_gb_sent = 1.0 is not right" in in_child[-1].message
 
 
 def test_no_submission_can_touch_the_grades_the_feedback_or_the_grader(tmp_path: Path) -> None:
-    """mallory tries to kill the grader; zed, graded last, to rewrite alice's feedback and add a row of 10s
-    to the grades file, without losing a point of its own. The batch goes on, and only the grader writes."""
+    """mallory tries to kill the grader, with a cell the rules for graded cells refuse before it runs (the
+    walls stop the same cell behind them: tests/fixtures/wrong/ex05_kills_its_parent.py); zed, graded last,
+    through torch, which the rules allow, to rewrite alice's feedback and put a row of 10s at the top of the
+    grades file, without losing a point of its own. The batch goes on, and only the grader writes."""
     out, feedback = tmp_path / "grades.csv", tmp_path / "feedback"
     submitted = tmp_path / "submitted"
     solution_cell = next(
@@ -208,10 +212,12 @@ def test_no_submission_can_touch_the_grades_the_feedback_or_the_grader(tmp_path:
     )
     targets = ((str(feedback / "alice.txt"), "alice: 0 points, see me"), (str(out), "mallory,10,10,10,0\n"))
     vandal = (
+        "import torch\n"
         f"for path, text in {targets!r}:\n"
         "    try:\n"
-        "        open(path, 'a').write(text)\n"
-        "    except OSError:\n"
+        "        storage = torch.UntypedStorage.from_file(path, True, len(text))\n"
+        "        torch.tensor([], dtype=torch.uint8).set_(storage)[:] = torch.tensor(list(text.encode()))\n"
+        "    except RuntimeError:\n"
         "        pass\n"
     )
     (submitted / "alice").mkdir(parents=True)
@@ -224,5 +230,5 @@ def test_no_submission_can_touch_the_grades_the_feedback_or_the_grader(tmp_path:
     assert done.returncode == 0, done.stderr
     grades = read_grades(out)
     assert {s: g["total"] for s, g in grades.items()} == {"alice": "10", "mallory": "0", "zed": "10"}
-    assert "not allowed while grading: signalling process" in (feedback / "mallory.txt").read_text()
+    assert "`import os` uses the module os" in (feedback / "mallory.txt").read_text()
     assert "see me" not in (feedback / "alice.txt").read_text()

@@ -47,13 +47,13 @@ def test_the_hierarchical_stage_trains_bit_for_bit_like_zero3(world_size: int) -
 def test_the_reference_sends_the_closed_forms_and_stages_exactly_psi_layer_over_g(world_size: int) -> None:
     run, links = ex09.train_linked(REFERENCE, world_size)
     g = ex09.GPUS_PER_NODE[world_size]
-    ex09.check_gather_links(run, links, "reference")
-    ex09.check_staging(run, links, "reference")
+    ex09.check_gather_links(run, links, "reference", g)
+    ex09.check_staging(run, links, "reference", g)
     for calls in links.gathers:
         assert {(c.transient_bytes, c.left_bytes) for c in calls if c.layer == "wte"} == {
             (run.partitions["wte"].padded_numel // g * 2, 0)
         }
-    inter, intra = ex09.expected_gather_bytes(run)
+    inter, intra = ex09.expected_gather_bytes(run, g)
     split = [pass_split(p.padded_numel * 2, Topology(world_size, g), HIERARCHICAL) for p in run.partitions.values()]
     assert inter == pytest.approx(2 * sum(s.inter_node_max for s in split))
     assert intra == pytest.approx(2 * sum(s.intra_node_mean for s in split))
@@ -62,7 +62,7 @@ def test_the_reference_sends_the_closed_forms_and_stages_exactly_psi_layer_over_
 def test_zero3s_flat_gathers_fail_the_link_check() -> None:
     run, links = ex09.train_linked(graded_stage(Zero3, "zero3"), 4)
     with pytest.raises(CheckFailed, match="over all 4 ranks"):
-        ex09.check_gather_links(run, links, "4 ranks")
+        ex09.check_gather_links(run, links, "4 ranks", 2)
 
 
 def test_links_cross_as_data_and_forged_groups_are_refused() -> None:

@@ -1,15 +1,21 @@
 """The grader grades what it should: solutions earn every point, untouched exercises none, and each wrong
-submission in tests/fixtures/wrong loses exactly the checks its header names, with a message that says why."""
+submission in tests/fixtures/wrong loses exactly the checks its header names, with a message that says why.
+
+A fixture that breaks a rule for graded cells (its header's `RULES`) loses every check before anything runs
+(tests/test_graded_cell_policy.py); here it is graded with the rules set aside, so that what its header names
+is the work of the nets behind them: the run-time checks, the shard a student receives, the walls, the judge."""
 
 from __future__ import annotations
 
 import json
 import re
+import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from autograder import sandbox
 from autograder.checks import CheckResult, total
 from autograder.harness import CONFIG
 from autograder.integrity import StudentShard
@@ -35,10 +41,19 @@ def release_notebook(assignment: str) -> Path:
     return ROOT / "exercises" / assignment / f"{assignment}.ipynb"
 
 
-def grade_in_process(notebook: Path) -> list[CheckResult]:
-    """What the CLI's child process does, in this process: load the cells, run every check."""
+def grade_in_process(notebook: Path, behind_the_rules: bool = False) -> list[CheckResult]:
+    """What the CLI's child process does, in this process: load the cells, run every check; `behind_the_rules`:
+    as if the cells broke no rule for graded cells."""
     submission = load(notebook)
+    if behind_the_rules:
+        submission.integrity_problems = []
     return list(grade_submission(submission, exercise_module(submission.assignment).CHECKS))
+
+
+def with_paths(text: str) -> str:
+    """A fixture's text with the paths a student learns from a traceback filled in: `{COURSE_ROOT}` (the
+    course checkout) and `{SITE_PACKAGES}` (the grader's venv's packages)."""
+    return text.replace("{COURSE_ROOT}", str(ROOT)).replace("{SITE_PACKAGES}", sysconfig.get_paths()["purelib"])
 
 
 @dataclass(frozen=True)
@@ -52,10 +67,12 @@ class WrongSubmission:
     message: str
     child: bool
     source: str
+    rules: str | None = None
+    """A phrase of the rules' verdict on the cell, if it breaks a rule for graded cells."""
 
     @classmethod
     def read(cls, path: Path) -> WrongSubmission:
-        header, source = path.read_text().split(CELL_MARKER, 1)
+        header, source = with_paths(path.read_text()).split(CELL_MARKER, 1)
         meta: dict = {}
         exec(header, meta)
         if "CELL_SOURCE" in source:  # code that is not valid Python is kept in a string
@@ -63,7 +80,14 @@ class WrongSubmission:
             exec(source, namespace)
             source = namespace["CELL_SOURCE"]
         return cls(
-            path, meta["EXERCISE"], meta["CELL"], frozenset(meta["LOSES"]), meta["MESSAGE"], meta["CHILD"], source
+            path,
+            meta["EXERCISE"],
+            meta["CELL"],
+            frozenset(meta["LOSES"]),
+            meta["MESSAGE"],
+            meta["CHILD"],
+            source,
+            meta.get("RULES"),
         )
 
     def notebook(self, directory: Path) -> Path:
@@ -91,8 +115,8 @@ def assert_loses_exactly(wrong: WrongSubmission, results: list[CheckResult]) -> 
     assert lost == wrong.loses, f"{wrong.path.name}: lost {sorted(lost)}, expected {sorted(wrong.loses)}\n" + "\n".join(
         f"{r.name}: {r.message}" for r in results
     )
-    first_lost = next(r for r in results if not r.passed)
-    assert wrong.message in first_lost.message, first_lost.message
+    first_lost = next((r for r in results if not r.passed), None)
+    assert first_lost is None or wrong.message in first_lost.message, first_lost.message
 
 
 @pytest.mark.parametrize("assignment", [pytest.param(a, marks=marker(a)) for a in EXERCISES])
@@ -111,7 +135,7 @@ def test_the_untouched_exercise_earns_nothing_and_says_it_is_not_done(assignment
 
 @pytest.mark.parametrize("wrong", wrong_params(child=False))
 def test_a_wrong_submission_loses_exactly_its_checks(wrong: WrongSubmission, tmp_path: Path) -> None:
-    assert_loses_exactly(wrong, grade_in_process(wrong.notebook(tmp_path)))
+    assert_loses_exactly(wrong, grade_in_process(wrong.notebook(tmp_path), behind_the_rules=wrong.rules is not None))
 
 
 @pytest.mark.parametrize("unusual", [pytest.param(u, id=u.path.stem, marks=marker(u.exercise)) for u in UNUSUAL])
@@ -124,10 +148,12 @@ def test_a_correct_but_unusual_submission_earns_every_point(unusual: WrongSubmis
 @pytest.mark.parametrize("walled", [True, False], ids=["walls", "audit-hook-only"])
 @pytest.mark.parametrize("wrong", wrong_params(child=True))
 def test_a_submission_graded_in_a_child_process_loses_exactly_its_checks(
-    wrong: WrongSubmission, walled: bool, tmp_path: Path
+    wrong: WrongSubmission, walled: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Loops, exits and attacks on a grader beside them: graded as the CLI grades, with the child in
     namespaces of its own where this machine makes them, and with the audit hook alone (a laptop)."""
+    if wrong.rules is not None:
+        monkeypatch.setattr(sandbox, "reference_uses", lambda path, assignment: [])
     if "in_function" in wrong.path.stem or "infinite_loop" in wrong.path.stem:
         seconds = {"time_s": 8, "check_time_s": 3} if "in_function" in wrong.path.stem else {"time_s": 5}
     else:  # a run that finishes: room for a loaded machine (ex03's takes about 5 s on two idle cores)

@@ -201,3 +201,48 @@ def test_the_kernel_counts_the_childs_peak_memory() -> None:
     large = run_child([sys.executable, "-c", hold], None, 60, (read, write))
     assert large.peak_rss_bytes - small.peak_rss_bytes > 280 * 2**20
 
+
+
+def attack(name: str):
+    from tests.test_grading_integrity import FIXTURES, WrongSubmission, with_paths
+
+    header = with_paths((FIXTURES / name).read_text()).split("# --- cell ---\n", 1)[0]
+    meta: dict = {}
+    exec(header, meta)
+    return WrongSubmission.read(FIXTURES / name), meta
+
+
+@needs_walls
+@pytest.mark.parametrize("walled", [True, False], ids=["walls", "control-without-walls"])
+def test_a_submission_reading_the_solutions_through_torch_leaks_them_only_without_the_walls(
+    walled: bool, tmp_path: Path
+) -> None:
+    wrong, meta = attack("ex05_reads_the_solutions_through_torch.py")
+    results = grade_notebook(wrong.notebook(tmp_path), limits=Limits(walls=walled))
+    feedback = "\n".join(r.message for r in results)
+    assert sum(r.points for r in results) == 0
+    if walled:
+        assert meta["LEAKS"] not in feedback and "No such file" in feedback, feedback[:2000]
+    else:
+        assert meta["LEAKS"] in feedback, "the control: without the walls, the solution reaches the feedback"
+
+
+@needs_walls
+@pytest.mark.parametrize("walled", [True, False], ids=["walls", "control-without-walls"])
+def test_a_submission_writing_into_the_venv_leaves_nothing_only_inside_the_walls(
+    walled: bool, tmp_path: Path
+) -> None:
+    from autograder.checks import total
+
+    wrong, meta = attack("ex05_writes_a_pth_file_into_the_venv.py")
+    planted = Path(meta["WRITES"])
+    planted.unlink(missing_ok=True)
+    try:
+        results = grade_notebook(wrong.notebook(tmp_path), limits=Limits(walls=walled))
+        assert total(results) == (10, 10)
+        if walled:
+            assert not planted.exists()
+        elif os.geteuid() == 0 or os.access(planted.parent, os.W_OK):
+            assert planted.read_bytes().startswith(b"# written by a student"), "the control: the file appears"
+    finally:
+        planted.unlink(missing_ok=True)

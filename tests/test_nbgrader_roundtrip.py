@@ -5,7 +5,10 @@ alice hands in the solutions, carol the untouched release, and the others one fi
 tests/fixtures (`CLASS`): bob an honest mistake; mallory, oscar, peggy, trent, victor and walter an attack
 on a grader judging beside their code (patched comparisons, a patched grader, forged results, the
 reference loaded by a built name or called past the shard, reading the solutions, a process left behind,
-a signal to the parent); ursula a correct notebook written unusually. The gradebook must give each of
+a signal to the parent; most of them break a rule for graded cells, and lose every check before anything
+runs); xavier, yvonne and zach an attack on the walls and the evidence (a file written
+into the grader's venv, the solutions read through torch, a ledger rewritten); ursula a correct notebook
+written unusually. The gradebook must give each of
 them, check by check, exactly what the fixture's header says (the points `check` and `grade` give, see
 tests/test_grading_integrity.py); alice's graded test cells must not have written a byte to stderr
 (nbgrader scores such a cell 0), and everyone gets HTML feedback.
@@ -28,6 +31,7 @@ from traitlets.config.loader import PyFileConfigLoader
 from autograder.checks import total
 from autograder.sandbox import grade_notebook
 from autograder.submission import exercise_module, is_solution_cell
+from tests.test_grading_integrity import with_paths
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -47,6 +51,7 @@ CLASS = {
         "bob": "wrong/ex06_waits_at_once.py",
         "mallory": "wrong/ex06_imports_the_reference_by_a_built_name.py",
         "ursula": "correct/ex06_plans_from_the_far_end.py",
+        "zach": "wrong/ex06_rewrites_its_waits_in_the_ledger.py",
     },
     "ex07_zero3_prefetch": {
         "bob": "wrong/ex07_gathers_on_demand.py",
@@ -67,29 +72,38 @@ CLASS = {
         "peggy": "wrong/ex05_reads_the_solutions.py",
         "trent": "wrong/ex05_leaves_a_process_behind.py",
         "victor": "wrong/ex05_kills_its_parent.py",
+        "xavier": "wrong/ex05_writes_a_pth_file_into_the_venv.py",
+        "yvonne": "wrong/ex05_reads_the_solutions_through_torch.py",
     },
 }
 """Who hands in which fixture, besides alice (the solution) and carol (the release untouched): one student
 per class of attack on the grader, and correct submissions written unusually (`ursula`)."""
 ASSIGNMENTS = tuple(CLASS)
-STUDENTS = ("alice", "bob", "carol", "mallory", "oscar", "peggy", "trent", "ursula", "victor", "walter")
+STUDENTS = (
+    "alice", "bob", "carol", "mallory", "oscar", "peggy", "trent", "ursula", "victor", "walter", "xavier", "yvonne",
+    "zach",
+)
 PER_ASSIGNMENT = [pytest.param(a, marks=getattr(pytest.mark, a[:4])) for a in ASSIGNMENTS]
 pytestmark = pytest.mark.filterwarnings("ignore::sqlalchemy.exc.SAWarning")  # nbgrader's own session noise
 
 
-def fixture_cell(name: str) -> tuple[str, str, set[str]]:
-    """(cell id, cell source, checks lost) of a submission in tests/fixtures."""
-    header, source = (FIXTURES / name).read_text().split("# --- cell ---\n", 1)
+def fixture_cell(name: str) -> tuple[str, str, set[str] | None]:
+    """(cell id, cell source, checks lost) of a submission in tests/fixtures; None for the checks lost by a
+    cell that breaks a rule for graded cells: it loses every check (its `LOSES` is what the nets behind the
+    rules make of it, see tests/fixtures/wrong/README.md)."""
+    header, source = with_paths((FIXTURES / name).read_text()).split("# --- cell ---\n", 1)
     meta: dict = {}
     exec(header, meta)
-    return meta["CELL"], source, set(meta["LOSES"])
+    return meta["CELL"], source, None if "RULES" in meta else set(meta["LOSES"])
 
 
 def handed_in(assignment: str) -> dict[str, set[str]]:
     """{student: the checks that student's notebook loses} for everyone who handed `assignment` in."""
     every_check = {check.name for check in exercise_module(assignment).CHECKS}
     lost = {"alice": set(), "carol": every_check}
-    lost.update({student: fixture_cell(name)[2] for student, name in CLASS[assignment].items()})
+    for student, name in CLASS[assignment].items():
+        loses = fixture_cell(name)[2]
+        lost[student] = every_check if loses is None else loses
     return lost
 
 
@@ -214,3 +228,16 @@ def test_generate_feedback_writes_html_for_every_student(course: Path, assignmen
     for student in handed_in(assignment):
         html = course / "out" / "feedback" / student / assignment / f"{assignment}.html"
         assert html.exists() and "<html" in html.read_text()[:2000].lower()
+
+
+@pytest.mark.ex05
+def test_autograde_leaves_no_file_in_the_venv_and_no_solution_in_the_feedback(course: Path) -> None:
+    """xavier's file in the grader's site-packages was never written, and yvonne's feedback carries none of
+    the solution she read through torch: inside the walls neither the venv nor `solutions/` was hers."""
+    assignment = "ex05_memory_planning"
+    planted = Path(with_paths("{SITE_PACKAGES}/zz_written_by_a_submission.pth"))
+    written = planted.exists()
+    planted.unlink(missing_ok=True)
+    assert not written
+    html = (course / "out" / "feedback" / "yvonne" / assignment / f"{assignment}.html").read_text()
+    assert "No such file" in html and "### BEGIN SOLUTION\\n" not in html
