@@ -434,10 +434,12 @@ def child_main(argv: list[str]) -> int:
             out.write(json.dumps(record) + "\n")
             out.flush()
 
+        import torch  # noqa: F401  (graded cells may import it: its native libraries load before the hook refuses ctypes)
+
         child_guard.install()
         signal.setitimer(signal.ITIMER_REAL, seconds)
         try:
-            submission = load(Path(path), assignment)
+            submission = load(Path(path), assignment, rules=False)
         except CheckTimeLimit:
             message = f"not graded: loading the notebook's cells took over {seconds:g} s (an infinite loop?)"
             for check in checks:
