@@ -193,8 +193,8 @@ class Walls:
             drop = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--inh-caps=-all",
                     "--bounding-set=-all", "--"]
             line = [*outer, *drop, *inner, "--ro-bind", "/", "/", *own, "--", *command]
-        else:
-            line = [*inner, *layout, *own, "--", *command]
+        else:  # the folders bubblewrap made for the binds would be writable, and uncapped: not after this
+            line = [*inner, *layout, *own, "--remount-ro", "/", "--", *command]
         return line, program_fd
 
 

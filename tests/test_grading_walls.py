@@ -2,7 +2,9 @@
 
 Each wall is tested from the outside, by running a probe exactly as the grader runs its child, and beside a
 control: the same probe without the walls, which shows that what the wall stops is possible here.
-The machine's CI grades as root, so these tests see the layered walls (root lays out, uid 65534 runs).
+The machine's CI grades as root, so these tests see the layered walls (root lays out, uid 65534 runs);
+`test_the_walls_hold_for_a_grader_who_is_a_normal_user` runs them again as a normal user, whose walls are
+one bubblewrap in user namespaces.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+import subprocess
 import sys
 from pathlib import Path
 
@@ -62,6 +65,7 @@ if sys.argv[6] == "walled":  # the control, the grader's own user, would really 
     report["write venv"] = attempt(lambda: write(os.path.join(sys.prefix, "walls-probe.pth")))
     report["write course"] = attempt(lambda: write(sys.argv[2] + "/zero_core/walls_probe.py"))
     report["write tmp"] = attempt(lambda: write("/tmp/walls-probe"))
+    report["write root"] = attempt(lambda: write("/walls-probe"))
     report["write home"] = attempt(lambda: write(os.path.join(os.environ["HOME"], "scratch")))
 os.write(int(sys.argv[1]), (json.dumps(report) + "\n").encode())
 """
@@ -117,7 +121,8 @@ def test_answers_solutions_tests_and_keys_are_absent_and_the_scaffolding_is_ther
 def test_the_walled_child_writes_only_its_tmpfs_and_never_the_venv(tmp_path: Path) -> None:
     report = probe(True, tmp_path)
     assert report["write venv"] == "EROFS" and report["write course"] in ("EROFS", "ENOENT")
-    assert report["write tmp"] != "allowed" and report["write home"] == "allowed"
+    assert report["write tmp"] != "allowed" and report["write root"] != "allowed"
+    assert report["write home"] == "allowed"
     # the control is not run: as the grader's user it would write into the venv and the course
 
 
@@ -129,6 +134,51 @@ def test_no_namespace_mount_ptrace_or_privilege_change_from_inside(tmp_path: Pat
     assert report["processes"] <= 3, "a PID namespace of its own: bubblewrap's init, the probe"
     control = probe(False, tmp_path)
     assert control["processes"] > report["processes"]
+
+
+@needs_walls
+def test_the_walls_are_built_for_the_grader_who_runs_them() -> None:
+    assert WALLS.layered == (os.geteuid() == 0)
+    assert ("uid 65534" in WALLS.describe()) == WALLS.layered
+
+
+NORMAL_USER = 1000
+"""The uid a root test runner becomes to try the walls as an instructor without privileges would."""
+
+
+def as_a_normal_user(command: list[str]) -> list[str]:
+    """`command` run as uid `NORMAL_USER`, with no capabilities, on this machine's files: a first bubblewrap
+    (root) shows the disk as it is, with `/tmp` fresh and root's home (mode 0700, where this machine keeps
+    Python) replaced by a folder holding only the runtime and the course."""
+    hidden = [Path("/root"), Path("/tmp")]
+    view = [str(WALLS.bwrap), "--dev-bind", "/", "/", "--die-with-parent", "--perms", "0755", "--tmpfs", "/root",
+            "--perms", "1777", "--tmpfs", "/tmp"]
+    made: set[Path] = set()
+    for path in sorted({*walls.runtime_paths(), ROOT}, key=lambda p: len(p.parts)):
+        top = next((h for h in hidden if path.is_relative_to(h)), None)
+        if top is None:
+            continue
+        for parent in reversed(path.parents):
+            if parent.is_relative_to(top) and parent != top and parent not in made:
+                view += ["--perms", "0755", "--dir", str(parent)]
+                made.add(parent)
+        view += ["--ro-bind", str(path), str(path)]
+    drop = ["setpriv", f"--reuid={NORMAL_USER}", f"--regid={NORMAL_USER}", "--clear-groups", "--inh-caps=-all",
+            "--bounding-set=-all", "--"]
+    return [*view, "--chdir", str(ROOT), *drop, "env", "-i", "PATH=/usr/bin:/bin", "HOME=/tmp", *command]
+
+
+@needs_walls
+@pytest.mark.skipif(os.geteuid() != 0, reason="the tests above already run as a normal user")
+def test_the_walls_hold_for_a_grader_who_is_a_normal_user() -> None:
+    """The walls' tests above, again as an instructor who is not root: the walls are then one bubblewrap in
+    user namespaces (uid 65534 inside, the instructor's own uid outside)."""
+    chosen = "built_for or nobody or absent or tmpfs or namespace or full_marks"
+    command = [sys.executable, "-I", "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", chosen, __file__]
+    done = subprocess.run(as_a_normal_user(command), capture_output=True, text=True, timeout=300,
+                          stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert "6 passed" in done.stdout, done.stdout[-1000:]
 
 
 def test_the_seccomp_program_is_well_formed() -> None:
