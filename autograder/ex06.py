@@ -50,6 +50,8 @@ BUCKET_BYTES = {2: 12 * 1024, 3: 12 * 1024, 5: 9 * 1024, 7: 20 * 1024}
 """B per world size for the bf16 runs of a check that sets none: 4 buckets on the visible sizes (and 5 and 2
 on the sizes of the solution notebook's hidden cells). Every B holds the largest layer (mlp.fc, 8,450 bytes
 at N = 5). The fp32 training runs get twice as many bytes: the same buckets."""
+SIZED_BUCKET_BYTES = 8 * 2**20
+"""B for the sized run whose memory the kernel counts (`autograder.kernel_memory`): about two of its layers."""
 
 
 def bucket_bounds(world_size: int) -> tuple[int, int]:
@@ -212,6 +214,7 @@ EXERCISE = StageExercise(
         draw=draw_bucket_bytes,
         configure=with_bucket_bytes,
         describe=lambda limit: f"B = {limit:,} bytes",
+        sized=SIZED_BUCKET_BYTES,
     ),
 )
 

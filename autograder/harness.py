@@ -204,6 +204,11 @@ def use_witness(link: WitnessLink) -> None:
     _witness = link
 
 
+def witnessed() -> bool:
+    """Whether this process's graded runs go through a witness: in a grading child, yes; in a notebook, no."""
+    return _witness is not None
+
+
 def explain_failure(error: BaseException, what: str) -> str:
     """A message for a run that did not finish: the rank, the collective, and what to look at."""
     if isinstance(error, RankFailed):

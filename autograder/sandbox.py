@@ -30,17 +30,13 @@ import os
 import resource
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, BinaryIO
-
-import psutil
+from typing import TYPE_CHECKING
 
 from autograder import child_guard, walls
 from autograder.checks import (
@@ -58,6 +54,7 @@ from autograder.checks import (
     through_json,
     with_parameters,
 )
+from autograder.child_process import ChildRun, MiB, run_child
 from autograder.integrity import verdict
 from autograder.submission import (
     RELEASE_DIR,
@@ -73,7 +70,6 @@ if TYPE_CHECKING:
     from autograder.witness import Witness
 
 ROOT = Path(__file__).resolve().parents[1]
-MiB = 2**20
 CHILD_ENVIRONMENT = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "MALLOC_ARENA_MAX": "2"}
 """One compute thread per process and few malloc arenas: the address space a correct submission needs
 (under 1 GB) then does not grow with the machine's core count, so one memory limit fits every machine."""
@@ -171,6 +167,7 @@ def grade_notebook(
         run = run_child(command, env, limits.time_s, (results_read, results_write), passed)
         if witness is not None:
             witness.join(timeout=WITNESS_JOIN_S)
+            witness.measure(run.peak_since)
     observed = read_observations(run.results, {check.name for check in checks})
     missing = _missing_message(run, limits)
     cell_errors = observed.pop(CELL_ERRORS, Observed(observation=[])).observation
@@ -189,10 +186,6 @@ def start_witness(exercise: ModuleType) -> tuple[Witness | None, int]:
 
 WITNESS_JOIN_S = 10.0
 """How long the parent waits, once the child is gone, for the witness to read the link's last messages."""
-MAX_RESULTS_BYTES = 16 * MiB
-"""What the parent reads of the child's observations at most; the rest is drained unread."""
-MAX_STDERR_BYTES = 64 * 1024
-"""The end of the child's stderr kept for a message; the rest is drained unread."""
 CHILD_BOOT = (
     f"import sys; sys.path.insert(0, {str(ROOT)!r}); from autograder.sandbox import child_main; "
     "sys.exit(child_main(sys.argv[1:]))"
@@ -207,127 +200,6 @@ WALLED_ENVIRONMENT = {
     "LANG": "C.UTF-8",
 }
 """The walled child's whole environment: nothing of the grader's (no key, no token, no path) reaches it."""
-
-
-@dataclass
-class ChildRun:
-    """What the parent saw of one child: its observations (capped), exit, stderr's end, peak memory."""
-
-    results: bytes
-    returncode: int | None
-    timed_out: bool
-    stderr_tail: str
-    peak_rss_bytes: int
-    """The largest resident memory of the child's whole process tree, read by this process from the
-    kernel's `/proc` every `RSS_SAMPLE_S` (not `wait4`'s peak, which counts the grader's own memory at
-    the fork)."""
-
-
-def _drain(stream: BinaryIO, keep: int, tail: bool, into: list[bytes]) -> None:
-    """Read `stream` to its end, keeping its first (or last) `keep` bytes in `into`."""
-    kept = b""
-    while chunk := stream.read(65536):
-        kept = (kept + chunk)[-keep:] if tail else (kept + chunk[: max(0, keep - len(kept))])
-    into.append(kept)
-
-
-def run_child(
-    command: list[str],
-    env: dict[str, str] | None,
-    time_s: float,
-    results_pipe: tuple[int, int],
-    passed: tuple[int, ...] = (),
-) -> ChildRun:
-    """Run the grading child for at most `time_s`, reading what it writes to `results_pipe` (its observations,
-    one JSON line each: nothing goes through its disk) and its stderr with caps, and kill its whole process
-    group at the limit. The child inherits the pipe's write end and the descriptors `passed` (the witness's
-    link, the seccomp program); all of them, and the pipe, are closed here."""
-    results_read, results_write = results_pipe
-    inherited = (results_write, *passed)
-    try:
-        child = subprocess.Popen(
-            command,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            env=env,
-            cwd="/",
-            start_new_session=True,
-            pass_fds=inherited,
-        )
-    except BaseException:
-        os.close(results_read)
-        raise
-    finally:
-        for fd in inherited:
-            os.close(fd)
-    results: list[bytes] = []
-    stderr: list[bytes] = []
-    with os.fdopen(results_read, "rb") as results_stream:
-        readers = [
-            threading.Thread(target=_drain, args=(results_stream, MAX_RESULTS_BYTES, False, results), daemon=True),
-            threading.Thread(target=_drain, args=(child.stderr, MAX_STDERR_BYTES, True, stderr), daemon=True),
-        ]
-        for reader in readers:
-            reader.start()
-        sampler = RssSampler(child.pid)
-        sampler.start()
-        returncode, timed_out = _wait(child, time_s)
-        sampler.stop()
-        for reader in readers:
-            reader.join(timeout=10)
-    return ChildRun(
-        results=results[0] if results else b"",
-        returncode=returncode,
-        timed_out=timed_out,
-        stderr_tail="\n".join((stderr[0] if stderr else b"").decode(errors="replace").strip().splitlines()[-8:]),
-        peak_rss_bytes=sampler.peak_bytes,
-    )
-
-
-RSS_SAMPLE_S = 0.02
-
-
-class RssSampler(threading.Thread):
-    """The peak, over samples every `RSS_SAMPLE_S`, of the summed resident memory of a process and all its
-    descendants: what the kernel says the child holds, which nothing in the child can rewrite."""
-
-    def __init__(self, pid: int) -> None:
-        super().__init__(daemon=True)
-        self.pid = pid
-        self.peak_bytes = 0
-        self._done = threading.Event()
-
-    def sample(self) -> None:
-        try:
-            root = psutil.Process(self.pid)
-            processes = [root, *root.children(recursive=True)]
-        except psutil.Error:
-            return
-        held = 0
-        for process in processes:
-            try:
-                held += process.memory_info().rss
-            except psutil.Error:
-                continue
-        self.peak_bytes = max(self.peak_bytes, held)
-
-    def run(self) -> None:
-        while not self._done.wait(RSS_SAMPLE_S):
-            self.sample()
-
-    def stop(self) -> None:
-        self._done.set()
-        self.join()
-
-
-def _wait(child: subprocess.Popen, time_s: float) -> tuple[int, bool]:
-    """(exit status as Popen gives it, whether the time limit killed it) of `child`."""
-    try:
-        return child.wait(timeout=time_s), False
-    except subprocess.TimeoutExpired:
-        os.killpg(child.pid, signal.SIGKILL)
-        return child.wait(), True
 
 
 CELL_ERRORS = "<cell errors>"
@@ -384,7 +256,7 @@ def _on_alarm(seconds: float, signum: int, frame: object) -> None:
     raise CheckTimeLimit(f"this check did not finish within {seconds:g} s (an infinite loop?)")
 
 
-def _limit_resources(memory_bytes: int) -> None:
+def limit_resources(memory_bytes: int) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
@@ -408,7 +280,7 @@ def grade_submission(submission: Submission, checks: tuple[Check, ...]) -> Itera
 def child_main(argv: list[str]) -> int:
     """In the child: load the notebook, observe every check, append each observation to the results file."""
     path, assignment, results_fd, memory_bytes, check_time_s, witness_fd, parameters = argv
-    _limit_resources(int(memory_bytes))
+    limit_resources(int(memory_bytes))
     seconds = float(check_time_s)
     signal.signal(signal.SIGALRM, functools.partial(_on_alarm, seconds))
     exercise = exercise_module(assignment)
@@ -448,7 +320,8 @@ def child_main(argv: list[str]) -> int:
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
         report(CELL_ERRORS, Observed(observation=submission.cell_errors))
-        for check in checks:
+        # The check whose sized run the kernel measures goes first: nothing other runs left counts in its figure.
+        for check in sorted(checks, key=lambda c: not getattr(c.function, "measured_by_the_kernel", False)):
             signal.setitimer(signal.ITIMER_REAL, seconds)
             try:
                 observed = observe_check(check, submission.namespace)

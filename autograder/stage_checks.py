@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any, NamedTuple
 
+from autograder import kernel_memory
 from autograder.checks import Check, CheckFailed, graded
 from autograder.harness import (
     CONFIG,
@@ -30,6 +31,7 @@ from autograder.harness import (
     layer_partitions,
     run_once,
     train,
+    witnessed,
 )
 from autograder.integrity import REFERENCE_MODULES, require_own_code
 from autograder.records import Run, require_course_records, run_from_data, run_to_data, runs_asked, well_formed
@@ -77,6 +79,8 @@ class Setting:
     """The value as a message shows it: "B = 9,216 bytes"."""
     read: Callable[[Any], Any] = lambda value: value
     """The value from a check's argument, which crossed as JSON."""
+    sized: Any = None
+    """The value for the sized run whose memory the kernel counts (`kernel_memory`); None: `default(N)`."""
 
 
 class GradedRun(NamedTuple):
@@ -158,6 +162,26 @@ class StageExercise:
 
         return observed_runs(world_sizes, entry)
 
+    def observe_memory(self, *objects: Any, world_sizes: list[int], **given: Any) -> dict[str, Any]:
+        """The bf16 runs, and the sized run whose memory the grading parent has the kernel count
+        (`autograder.kernel_memory`): under "kernel"."""
+        observation = self.observe(*objects, world_sizes=world_sizes, **given)
+        stage, functions = self.build(*objects)
+        key = (self.exercise, objects, "sized")
+        make = lambda: run_once(key, objects, lambda: self.sized_run(stage, functions), _yours(4))  # noqa: E731
+        try:
+            observation["kernel"] = kernel_memory.observe(make, witnessed())
+        except CheckFailed as failure:
+            observation["kernel"] = {"failure": str(failure)}
+        return observation
+
+    def sized_run(self, stage: type[ZeroStage], functions: dict | None) -> Run:
+        """`stage` trained on the sized model (`kernel_memory.SIZED_CONFIG`), with its setting for that N."""
+        n = kernel_memory.SIZED_WORLD_SIZE
+        setting = None if self.setting is None else self.setting.sized or self.setting.default(n)
+        configured = self.configured(stage, setting)
+        return train(configured, n, functions, kernel_memory.SIZED_STEPS, kernel_memory.SIZED_CONFIG)
+
     def observe_training(self, *objects: Any, world_sizes: list[int], **given: Any) -> dict[str, Any]:
         """The runs of the training check: fp32 (`TRAINING_CONFIG`), to be judged against the oracle."""
         return self.observe(*objects, world_sizes=world_sizes, config=TRAINING_CONFIG, **given)
@@ -217,6 +241,16 @@ class StageExercise:
             check_nothing_left_behind(run, label)
         return f"{self.sizes(world_sizes, **given)}: {self.memory_summary}; nothing left alive after a pass"
 
+    def judge_memory_and_kernel(self, observation: Any, world_sizes: list[int], **given: Any) -> str:
+        """`judge_memory`, and the memory the kernel saw in the sized run against the reference's."""
+        verdict = self.judge_memory(observation, world_sizes, **given)
+        entry = observation.get("kernel") if isinstance(observation, dict) else None
+        if isinstance(entry, dict) and isinstance(entry.get("failure"), str) and len(entry) == 1:
+            raise CheckFailed(f"the sized run: {entry['failure'][:MAX_FAILURE_CHARS]}")
+        figures = kernel_memory.measured(entry)
+        reference = lambda: kernel_memory.reference_figures(self.exercise)  # noqa: E731
+        return f"{verdict}; {kernel_memory.judge(figures, reference)}"
+
     def judge_communication(self, observation: Any, world_sizes: list[int], **given: Any) -> str:
         for label, run, reference, _ in self.runs(observation, world_sizes, **given):
             compare_collectives(run, reference, label)
@@ -258,7 +292,9 @@ class StageExercise:
 
     @property
     def check_memory(self) -> Callable[..., None]:
-        return _check(self, "check_memory", self.judge_memory, self.memory_summary)
+        check = _check(self, "check_memory", self.judge_memory_and_kernel, self.memory_summary, self.observe_memory)
+        check.measured_by_the_kernel = True  # type: ignore[attr-defined]  (the grading child observes it first)
+        return check
 
     @property
     def check_communication(self) -> Callable[..., None]:

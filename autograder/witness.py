@@ -22,6 +22,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +43,10 @@ RUN_KEYS = {"world_size", "steps", "ranks", "memory", "collectives"}
 """The keys of a run in an observation (`records.run_to_data`)."""
 WITNESS_KEY = "witness_run"
 """The key under which a graded run's data names its run in the witness's record."""
+SIZED_RUN_KEYS = {WITNESS_KEY, "world_size", "audit_bytes"}
+"""A sized run's summary (`autograder.kernel_memory`): its number here, its ranks, the audit's figures."""
+UNMEASURED_KEY = "unmeasured"
+"""What a sized run's entry holds where no witness measured it (a check called in a notebook's kernel)."""
 
 
 @dataclass
@@ -64,6 +69,11 @@ class WitnessedRun:
     ranks: list[list[Witnessed]]
     marks: list[list[tuple[float, str, str]]]
     """Per rank, the stage's schedule marks as the witness received them: (time, event, layer)."""
+    began_s: float = 0.0
+    """When the child said the run begins, before its ranks build anything."""
+    kernel_peak_bytes: int = 0
+    """The child's largest resident memory from `began_s` to its end, as the kernel counted it
+    (`Witness.measure`): the run's own memory, and whatever the child held then."""
     pending: dict[tuple[int, tuple[int, ...]], list[Witnessed]] = field(default_factory=dict)
 
 
@@ -104,7 +114,8 @@ class Witness(threading.Thread):
             world_size = header["world_size"]
             if not isinstance(world_size, int) or not 1 <= world_size <= 64 or len(self.runs) >= MAX_RUNS:
                 raise ValueError(f"a run of {world_size!r} ranks")
-            self.runs.append(WitnessedRun(world_size, [[] for _ in range(world_size)], [[] for _ in range(world_size)]))
+            ranks: list = [[] for _ in range(world_size)]
+            self.runs.append(WitnessedRun(world_size, ranks, [[] for _ in range(world_size)], began_s=received))
             return None
         if not self.runs:
             raise ValueError("a collective outside a graded run")
@@ -126,6 +137,13 @@ class Witness(threading.Thread):
             marks.append((received, header["event"][:200], header["layer"][:200]))
             return None
         raise ValueError(f"a message of kind {kind!r}")
+
+    def measure(self, peak_since: Callable[[float], int]) -> None:
+        """Give every run the child's peak resident memory from its beginning on, once the child is gone:
+        `peak_since(moment)` reads the samples the parent took of the kernel's count."""
+        for run in self.runs:
+            run.kernel_peak_bytes = peak_since(run.began_s)
+
 
     def _arrive(self, run: WitnessedRun, header: dict, received: float) -> None:
         rank = _rank(run, header["rank"])
@@ -216,6 +234,10 @@ def verify_runs(observation: Any, witness: Witness) -> Any:
     if isinstance(observation, dict):
         if RUN_KEYS <= observation.keys():
             return _verified(observation, witness)
+        if SIZED_RUN_KEYS <= observation.keys():
+            return _verified_sized(observation, witness)
+        if UNMEASURED_KEY in observation:
+            raise ObservationInvalid("a graded run that was not measured, where the grader measures it: no points")
         return {key: verify_runs(value, witness) for key, value in observation.items()}
     if isinstance(observation, list):
         return [verify_runs(value, witness) for value in observation]
@@ -244,6 +266,20 @@ def _verified(run: dict, witness: Witness) -> dict:
                        for position, (entry, seen_entry) in enumerate(zip(collectives, witnessed, strict=True)))
         verified.append([entry if _is_copy(entry) else next(checked) for entry in entries])
     return {**run, "collectives": verified, "ranks": _verified_marks(run["ranks"], seen)}
+
+
+def _verified_sized(run: dict, witness: Witness) -> dict:
+    """A sized run's summary with the witness's figures: the elements its ranks carried, and the memory the
+    kernel saw from its beginning on (the child's word for neither)."""
+    index = run.get(WITNESS_KEY)
+    if not isinstance(index, int) or not 0 <= index < len(witness.runs):
+        raise ObservationInvalid("a sized run whose collectives did not go through the course's witness: no points")
+    seen = witness.runs[index]
+    if run["world_size"] != seen.world_size:
+        claimed = f"{run['world_size']!r:.20}"
+        raise ObservationInvalid(f"a sized run of {claimed} ranks where the witness saw {seen.world_size}")
+    carried = sum(entry.elements for entry in seen.ranks[0])
+    return {**run, "carried_elements": carried, "kernel_peak_bytes": seen.kernel_peak_bytes}
 
 
 def _verified_marks(ranks: Any, seen: WitnessedRun) -> list:

@@ -8,6 +8,9 @@ inside the walls (`autograder.walls`) and without them, one right after the othe
 so that a machine's drift costs both alike, after one untimed grade that makes the parent's reference runs,
 which a batch makes once), to show where the time goes and what the walls cost. The
 targets: under 60 s per complete submission with the walls on 2 cores, and under 1.5x the time without.
+Then what the kernel's count of memory costs (`autograder.kernel_memory`): per stage exercise, the sized
+run (the reference stage trained on the sized model in this process, about what the grading child spends
+on it) and the reference child a grading process starts once per exercise, with the figures it gives.
 
     python benchmarks/bench_grading.py [--students 3] [--assignments ex05_memory_planning,...]
 """
@@ -41,6 +44,27 @@ def timed_grade(notebook: Path, walled: bool) -> tuple[float, str]:
     results = grade_notebook(notebook, limits=Limits(walls=walled))
     points, max_points = total(results)
     return time.perf_counter() - started, f"{points:g}/{max_points:g}"
+
+
+def kernel_memory_costs(assignments: list[str]) -> None:
+    """Seconds of the sized run and of the reference child, and the kernel's figure, per stage exercise."""
+    from autograder import harness, kernel_memory
+    from autograder.submission import exercise_module
+
+    print(f"\nthe kernel's count of memory: a {kernel_memory.parameter_count() / 1e6:.1f}M-parameter model on "
+          f"{kernel_memory.SIZED_WORLD_SIZE} ranks, {kernel_memory.SIZED_STEPS} step")
+    print(f"  {'exercise':<36} {'sized run':>9} {'reference child':>16} {'its peak':>10}")
+    for assignment in assignments:
+        exercise = getattr(exercise_module(assignment), "EXERCISE", None)
+        if exercise is None:
+            continue
+        started = time.perf_counter()
+        exercise.sized_run(harness.graded_stage(exercise.reference_stage, assignment), None)
+        sized = time.perf_counter() - started
+        started = time.perf_counter()
+        figures = kernel_memory.reference_figures.__wrapped__(assignment)
+        child = time.perf_counter() - started
+        print(f"  {assignment:<36} {sized:8.1f}s {child:15.1f}s {figures.kernel_bytes / 2**20:6,.0f} MiB")
 
 
 def hand_in(submitted: Path, student: str, assignments: list[str]) -> None:
@@ -87,6 +111,8 @@ def main() -> None:
         print(f"  with walls: {sums[True]:.1f} s per submission (target < {TARGET_SECONDS:g} s: "
               f"{'met' if sums[True] < TARGET_SECONDS else 'NOT met'}); {ratio:.2f}x the time without "
               f"(target < {TARGET_WALLS_RATIO:g}x: {'met' if ratio < TARGET_WALLS_RATIO else 'NOT met'})")
+
+        kernel_memory_costs(assignments)
 
         grades = Path(tmp) / "grades.csv"
         started = time.perf_counter()

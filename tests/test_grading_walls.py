@@ -20,7 +20,8 @@ import pytest
 
 from autograder import seccomp, walls
 from autograder.child_guard import ROOT
-from autograder.sandbox import WALLED_ENVIRONMENT, Limits, grade_notebook, run_child
+from autograder.child_process import run_child
+from autograder.sandbox import WALLED_ENVIRONMENT, Limits, grade_notebook
 
 PROBE = r"""
 import ctypes, errno, json, os, sys
@@ -229,7 +230,7 @@ def test_the_child_process_group_is_killed_at_the_time_limit() -> None:
 
 
 def test_what_the_parent_reads_of_a_child_is_capped() -> None:
-    from autograder.sandbox import MAX_RESULTS_BYTES, MAX_STDERR_BYTES
+    from autograder.child_process import MAX_RESULTS_BYTES, MAX_STDERR_BYTES
 
     flood = (
         "import os, sys; fd = int(sys.argv[1]); chunk = b'x' * 2**20\n"
