@@ -36,7 +36,7 @@ import torch
 from autograder.checks import CheckFailed
 from autograder.records import Run, count, well_formed
 from autograder.witness import SIZED_RUN_KEYS, UNMEASURED_KEY, WITNESS_KEY
-from zero_core.model import GPTConfig, build_model
+from zero_core.model import GPT, GPTConfig
 from zero_core.stages import TrainConfig
 
 SIZED_MODEL = GPTConfig(vocab_size=64, block_size=16, n_layer=4, n_head=4, n_embd=768, micro_batch_size=1)
@@ -50,9 +50,10 @@ MiB = 2**20
 
 @cache
 def parameter_count() -> int:
-    """Ψ of the sized model, counted on torch's meta device (nothing allocated)."""
+    """Ψ of the sized model, counted on torch's meta device (nothing allocated). Not through `build_model`,
+    whose cached template would then be a meta model for every later run of this shape in the process."""
     with torch.device("meta"):
-        return sum(p.numel() for p in build_model(SIZED_MODEL, 0).parameters())
+        return sum(p.numel() for p in GPT(SIZED_MODEL).parameters())
 
 
 ALLOWED_COPIES = 2
