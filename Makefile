@@ -21,7 +21,7 @@ OLDEST_TORCH := 2.6.0
 OLDEST_VENV := .venv-oldest-torch
 OLDEST_TORCH_TESTS := tests/test_torch_backend.py tests/test_launch.py tests/test_dist.py
 
-.PHONY: demo test test-oldest-torch lint lab release autograde feedback grade bench clean
+.PHONY: demo test test-oldest-torch lint lab release student-release autograde feedback grade bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11 or newer is needed (found " + sys.version.split()[0] + "); set PYTHON=python3.11")'
@@ -66,6 +66,13 @@ lab: $(STAMP)
 
 release: $(STAMP)
 	for a in $(ASSIGNMENTS); do $(NBGRADER) generate_assignment $$a --force --create || exit 1; done
+
+# What a class's students receive for one assignment, e.g. `make student-release ASSIGNMENT=ex02_zero1_sharded_adam`:
+# the course without that assignment's answers, solutions or tests, lessons run, into OUT (a new folder beside the course).
+OUT ?= ../zero-course-$(ASSIGNMENT)
+student-release: $(STAMP)
+	@test -n "$(ASSIGNMENT)" || { echo "name the assignment: make student-release ASSIGNMENT=ex02_zero1_sharded_adam"; exit 2; }
+	$(PY) -m autograder student-release $(ASSIGNMENT) $(OUT)
 
 autograde: release
 	for a in $(ASSIGNMENTS); do \

@@ -20,6 +20,8 @@ every feedback file say so. `check` (a learner's own machine: macOS, WSL, a cont
 can, runs without them where it cannot, and says which on its first line. `grade` runs as `python -I` (it
 starts itself again so when it was not): nothing from `PYTHONPATH` or a user site reaches the process that
 holds the signing key; and it refuses a venv or course folder that any user may write.
+
+student-release: the folder a class's students receive for one assignment (`autograder.student_release`).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from autograder import walls
+from autograder import recorded, walls
 from autograder.checks import CheckResult, format_points, grading_secret, print_results, total
 from autograder.sandbox import ROOT, Limits, grade_notebook
 from autograder.submission import EXERCISES, assignment_of, exercise_module, unreadable
@@ -122,6 +124,8 @@ def run_check_command(args: argparse.Namespace) -> int:
         print(f"{assignment}: {path} ({built.describe()})")
     else:
         print(f"{assignment}: {path} (walls off: {built}; your own code runs as you)")
+    if recorded.replaying():
+        print("a student release: the visible checks only (the hidden ones run when your instructor grades)")
     results = grade_notebook(path, assignment, _limits(args, isinstance(built, walls.Walls)))
     print_results(results)
     points, max_points = total(results)
@@ -308,7 +312,29 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_limits(grade)
     grade.set_defaults(run=run_grade_command)
+    release = commands.add_parser(
+        "student-release", help="the folder a class's students receive for one assignment: no answers, no solutions"
+    )
+    release.add_argument("assignment", help="the assignment released (e.g. ex02_zero1_sharded_adam)")
+    release.add_argument("out", help="a new folder outside the course")
+    release.add_argument(
+        "--lessons",
+        choices=("run", "copy"),
+        default="run",
+        help="run: save the lessons with their outputs (default; minutes); copy: as they are, without outputs",
+    )
+    release.set_defaults(run=run_student_release_command)
     return parser
+
+
+def run_student_release_command(args: argparse.Namespace) -> int:
+    from autograder.student_release import ReleaseError, build
+
+    try:
+        build(args.assignment, Path(args.out), run_lessons=args.lessons == "run")
+    except ReleaseError as error:
+        raise UsageError(str(error)) from None
+    return 0
 
 
 ISOLATED_BOOT = f"import sys; sys.path.insert(0, {str(ROOT)!r}); from autograder.cli import main; sys.exit(main())"

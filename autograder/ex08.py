@@ -31,6 +31,7 @@ from typing import Any, NamedTuple
 import torch
 import torch.nn as nn
 
+from autograder import recorded
 from autograder.checks import Check, CheckFailed
 from autograder.harness import STEPS, TRAINING_CONFIG, graded_stage
 from autograder.integrity import StudentShard, answer_modules
@@ -232,14 +233,19 @@ def oracle_run(
 ) -> tuple[list[float], dict[str, Any], dict[tuple[str, int], Any]]:
     """The graded training on one device in fp32, accumulating k micro-batches and clipping with
     `clip_grad_norm_`. Imported here, by the judge: the oracle is never loaded where students' code runs."""
-    from zero_core.oracle import train_single_device
 
-    gradients: dict[tuple[str, int], Any] = {}
-    k, max_norm = accumulation
-    losses, weights = train_single_device(
-        TRAINING_CONFIG, world_size, STEPS, gradients, micro_steps=k, max_norm=max_norm
-    )
-    return losses, weights, gradients
+    def make() -> recorded.Oracle:
+        from zero_core.oracle import train_single_device
+
+        gradients: dict[tuple[str, int], Any] = {}
+        k, max_norm = accumulation
+        losses, weights = train_single_device(
+            TRAINING_CONFIG, world_size, STEPS, gradients, micro_steps=k, max_norm=max_norm
+        )
+        return losses, weights, gradients
+
+    key = (world_size, tuple(accumulation))
+    return recorded.outcome("oracle", key, make, recorded.oracle_to_data, recorded.oracle_from_data)
 
 
 def clipped_steps(world_size: int, accumulation: Accumulation) -> int:

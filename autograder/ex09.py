@@ -20,6 +20,7 @@ The ledger's groups and the shards' measurements are not part of `records.Run`: 
 
 from __future__ import annotations
 
+import functools
 import random
 from collections import Counter
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from typing import Any
 
 import torch.nn as nn
 
+from autograder import recorded
 from autograder.checks import Check, CheckFailed
 from autograder.harness import (
     CONFIG,
@@ -294,18 +296,31 @@ class LinkedStageExercise(StageExercise):
     def linked_runs(self, observation: Any, world_sizes: list[int], config: TrainConfig = CONFIG, **given: Any) -> Any:
         """(label, (run, links), (reference, its links), G) per world size, validated; CheckFailed for a
         failed run."""
-        reference_stage = graded_stage(self.reference_stage, self.exercise)
         settings = self.settings(world_sizes, given)
         for n, entry in observed_entries(observation, world_sizes, {"run", "links"}):
             run = run_from_data(entry["run"], n, STEPS, layer_partitions(n))
             links = links_from_data(entry["links"], run)
             check_own_collectives(run, self.reference_tags(), self.exercise)
             g = settings[n]
-            make = lambda n=n, g=g: train_linked(self.configured(reference_stage, g), n, config)  # noqa: E731
             key = (self.exercise, "reference", n, config.precision, g)
+            make = functools.partial(self.linked_reference_run, key, n, g, config)
             reference = run_once(key, (), make, f"reference on {n}")
             require_course_records(run, reference[0])
             yield self.label(n, g), (run, links), reference, g
+
+    def linked_reference_run(self, key: Any, n: int, g: int, config: TrainConfig) -> tuple[Run, Links]:
+        """The reference trained on `n` ranks in nodes of `g`, with its links: made here, or read from a
+        student release's record (`autograder.recorded`)."""
+
+        def make() -> tuple[Run, Links]:
+            return train_linked(self.configured(graded_stage(self.reference_stage, self.exercise), g), n, config)
+
+        def decode(data: dict[str, Any]) -> tuple[Run, Links]:
+            run = run_from_data(data["run"], n, STEPS, layer_partitions(n))
+            return run, links_from_data(data["links"], run)
+
+        encode = lambda linked: {"run": run_to_data(linked[0]), "links": links_to_data(linked[1])}  # noqa: E731
+        return recorded.outcome("linked run", key, make, encode, decode)
 
     def runs(self, observation: Any, world_sizes: list[int], config: TrainConfig = CONFIG, **given: Any) -> Any:
         for label, (run, _), (reference, _), g in self.linked_runs(observation, world_sizes, config, **given):

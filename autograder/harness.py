@@ -230,6 +230,12 @@ _RUNS: OrderedDict[Hashable, Any] = OrderedDict()
 _HUNG: dict[Hashable, str] = {}
 
 
+def forget_runs() -> None:
+    """Forget every run made in this process (a student release records its references afresh)."""
+    _RUNS.clear()
+    _HUNG.clear()
+
+
 def run_once(key: Hashable, student: tuple, make: Callable[[], T], what: str) -> T:
     """`make()` once per `key` in this process; a failure raises `CheckFailed`, then and on every later call.
 

@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from autograder import recorded
 from autograder.checks import CheckFailed
 from autograder.records import Run, count, well_formed
 from autograder.witness import SIZED_RUN_KEYS, UNMEASURED_KEY, WITNESS_KEY
@@ -111,7 +112,7 @@ def measured(entry: Any) -> Figures | None:
 def judge(student: Figures | None, reference: Callable[[], Figures]) -> str:
     """A clause for the memory check's verdict; `CheckFailed` when the kernel saw more than `ALLOWED_COPIES`
     copies of the parameters beyond the reference that the audit does not account for."""
-    if student is None:
+    if student is None or recorded.replaying():
         return "the kernel's count of the memory is compared with the reference's when the notebook is graded"
     expected = reference()
     copy = copy_bytes()

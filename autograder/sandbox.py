@@ -38,7 +38,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-from autograder import child_guard, walls
+from autograder import child_guard, recorded, walls
 from autograder.checks import (
     Check,
     CheckResult,
@@ -134,7 +134,10 @@ def grade_notebook(
     path = Path(path).resolve()
     assignment = assignment or assignment_of(path)
     exercise = exercise_module(assignment)
-    checks: tuple[Check, ...] = drawn(exercise.CHECKS, assignment, grading_secret() if secret is None else secret)
+    if recorded.replaying():  # a student release: the hidden checks run when the instructor grades
+        checks: tuple[Check, ...] = tuple(check for check in exercise.CHECKS if not check.hidden)
+    else:
+        checks = drawn(exercise.CHECKS, assignment, grading_secret() if secret is None else secret)
     not_a_notebook = unreadable(path)
     if not_a_notebook:
         return [CheckResult(check.name, 0, check.points, f"not graded: {not_a_notebook}") for check in checks]

@@ -14,13 +14,14 @@ check's argument.
 
 from __future__ import annotations
 
+import functools
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
 from functools import cache
 from typing import Any, NamedTuple
 
-from autograder import kernel_memory
+from autograder import kernel_memory, recorded
 from autograder.checks import Check, CheckFailed, graded
 from autograder.harness import (
     CONFIG,
@@ -34,6 +35,7 @@ from autograder.harness import (
     witnessed,
 )
 from autograder.integrity import REFERENCE_MODULES, require_own_code
+from autograder.recorded import identity
 from autograder.records import Run, require_course_records, run_from_data, run_to_data, runs_asked, well_formed
 from autograder.verdicts import (
     bit_identical,
@@ -192,16 +194,30 @@ class StageExercise:
         self, observation: Any, world_sizes: list[int], config: TrainConfig = CONFIG, **given: Any
     ) -> Iterator[GradedRun]:
         """The student's and the reference's run per world size, validated; CheckFailed for a run that failed."""
-        reference_stage = graded_stage(self.reference_stage, self.exercise)
         settings = self.settings(world_sizes, given)
         for n, entry in observed_entries(observation, world_sizes, {"run"}):
             run = run_from_data(entry["run"], n, STEPS, layer_partitions(n))
             check_own_collectives(run, self.reference_tags(), self.exercise)
-            make = lambda n=n: train(self.configured(reference_stage, settings[n]), n, config=config)  # noqa: E731
             key = (self.exercise, "reference", n, config.precision, settings[n])
+            make = functools.partial(self.reference_run, key, n, settings[n], config)
             reference = run_once(key, (), make, f"reference on {n} ranks")
             require_course_records(run, reference)
             yield GradedRun(self.label(n, settings[n]), run, reference, settings[n])
+
+    def reference_run(self, key: Hashable, n: int, setting: Any, config: TrainConfig) -> Run:
+        """The reference stage trained on `n` ranks with `setting`: made here, or read from a student
+        release's record (`autograder.recorded`)."""
+
+        def make() -> Run:
+            return train(self.configured(graded_stage(self.reference_stage, self.exercise), setting), n, config=config)
+
+        decode = lambda data: run_from_data(data, n, STEPS, layer_partitions(n))  # noqa: E731
+        return recorded.outcome("run", key, make, run_to_data, decode)
+
+    @property
+    def reference_stage_number(self) -> int:
+        """The ZeRO stage of the reference (a message names it), without importing it in a student release."""
+        return recorded.outcome("stage", self.exercise, lambda: self.reference_stage.stage, identity, int)
 
     def reference_tags(self) -> set[str]:
         """The tags of the collectives the course's code may issue in the student's run: every layer's
@@ -231,7 +247,7 @@ class StageExercise:
             exact.append(f"{run.world_size}: {'yes' if bit_identical(run, reference) else 'no'}")
         return (
             f"{self.sizes(world_sizes, **given)}, {STEPS} steps: every loss, averaged gradient and fp32 master "
-            f"weight within rounding of the reference ZeRO-{self.reference_stage.stage}'s (bit-identical on N = "
+            f"weight within rounding of the reference ZeRO-{self.reference_stage_number}'s (bit-identical on N = "
             f"{', '.join(exact)})"
         )
 
@@ -315,11 +331,15 @@ class StageExercise:
 def oracle_run(world_size: int) -> tuple[list[float], dict[str, Any], dict[tuple[str, int], Any]]:
     """The graded training on one device in fp32 (`zero_core.oracle`): losses, final weights, gradients.
     Imported here, by the judge: the oracle is reference code, never loaded where students' code runs."""
-    from zero_core.oracle import train_single_device
 
-    gradients: dict[tuple[str, int], Any] = {}
-    losses, weights = train_single_device(TRAINING_CONFIG, world_size, STEPS, gradients)
-    return losses, weights, gradients
+    def make() -> recorded.Oracle:
+        from zero_core.oracle import train_single_device
+
+        gradients: dict[tuple[str, int], Any] = {}
+        losses, weights = train_single_device(TRAINING_CONFIG, world_size, STEPS, gradients)
+        return losses, weights, gradients
+
+    return recorded.outcome("oracle", world_size, make, recorded.oracle_to_data, recorded.oracle_from_data)
 
 
 MAX_FAILURE_CHARS = 4000
