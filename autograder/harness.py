@@ -161,9 +161,10 @@ def train(
     functions: dict | None = None,
     steps: int = STEPS,
     config: TrainConfig = CONFIG,
+    witnessed_collectives: bool = True,
 ) -> Run:
     """Train `stage_cls` (a `graded_stage`) on `world_size` ranks; cluster errors propagate."""
-    return train_observed(stage_cls, world_size, functions, steps, config)[0]
+    return train_observed(stage_cls, world_size, functions, steps, config, (), witnessed_collectives)[0]
 
 
 def train_observed(
@@ -173,13 +174,17 @@ def train_observed(
     steps: int = STEPS,
     config: TrainConfig = CONFIG,
     observed: tuple[str, ...] = (),
+    witnessed_collectives: bool = True,
 ) -> tuple[Run, CommLedger, list[dict[str, list]]]:
     """`train`, also returning the full ledger (`Run` keeps a summary of it) and, per rank, what the stage
-    code appended under each key of `observed` in `current().extra`."""
+    code appended under each key of `observed` in `current().extra`. In the grading child, the run's
+    collectives go through the witness, unless not `witnessed_collectives` (the sized run whose memory the
+    kernel counts: the witness then only marks when it began)."""
     options = {}
-    if _witness is not None:  # a graded run in the grading child: its collectives go through the witness
-        _witness.begin_run(world_size)
-        options["backend"] = functools.partial(WitnessedBackend, link=_witness)
+    if _witness is not None:
+        _witness.begin_run(world_size, collectives=witnessed_collectives)
+        if witnessed_collectives:
+            options["backend"] = functools.partial(WitnessedBackend, link=_witness)
     cluster = VirtualCluster(world_size, timeout_s=COLLECTIVE_TIMEOUT_S, seed=CONFIG.seed, **options)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

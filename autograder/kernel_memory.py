@@ -6,17 +6,20 @@ the audit's figures are the child's word. So the visible memory check of every s
 the stage once more, with the student's code, on a model sized so that a few full copies of its parameters
 (`copy_bytes`, 2Ψ in bf16: 54 MiB each) stand clear of the noise in a process's resident memory
 (`SIZED_CONFIG`, `SIZED_WORLD_SIZE` ranks, one step). The grading parent reads the kernel's count of the
-child's resident memory from that run's beginning (on the witness's clock, `autograder.witness`) to the
-child's end (`child_process.RssSampler`): nothing in the child can lower it. A fresh child that trains the
+child's resident memory from that run's beginning, which the child announces to the witness
+(`autograder.witness`, whose clock the samples share), to the child's end (`child_process.RssSampler`):
+nothing in the child can lower it. The sized run's collectives stay in the child (through the witness
+they would cost more than the run); its verdict is about memory only. A fresh child that trains the
 reference stage the same way, walled like the student's, gives the figure to compare with
 (`reference_figures`, once per exercise in a grading process).
 
 The verdict (`judge`): the kernel's excess over the reference, less what the audit itself saw in excess (up
 to one copy: beyond that the audit's own memory rules speak), must stay within `ALLOWED_COPIES` copies of
-the parameters (109 MiB). Measured on this course's 2-core machine: the seven stage solutions ran 16 to
-52 MiB above their reference children; the fixture that keeps every gathered layer as a NumPy array
-(`tests/fixtures/wrong/ex07_keeps_every_layer_gathered_outside_torch.py`) ran 215 MiB above. What it does
-not see: a copy smaller than the margin, or one kept only on world sizes other than the sized run's.
+the parameters (109 MiB). Measured on this course's 2-core machine, `check` on each of the seven stage
+solutions, twice: from 21 MiB below to 64 MiB above their reference children; the fixture that keeps
+every gathered layer as a NumPy array (`tests/fixtures/wrong/ex07_keeps_every_layer_gathered_outside_torch.py`)
+206 and 215 MiB above. What it does not see: a copy smaller than the margin, or one kept only on world
+sizes other than the sized run's.
 `benchmarks/bench_grading.py` prints what the run costs: the sized run in the grading child, and the
 reference child, which a grading process starts once per exercise.
 """
@@ -98,13 +101,10 @@ def measured(entry: Any) -> Figures | None:
     notebook's kernel did not measure; `ObservationInvalid` for anything else."""
     if isinstance(entry, dict) and set(entry) == {UNMEASURED_KEY}:
         return None
-    well_formed(isinstance(entry, dict) and SIZED_RUN_KEYS | {"kernel_peak_bytes", "carried_elements"} == set(entry),
-                "the sized run")
+    well_formed(isinstance(entry, dict) and SIZED_RUN_KEYS | {"kernel_peak_bytes"} == set(entry), "the sized run")
     well_formed(entry["world_size"] == SIZED_WORLD_SIZE, "the sized run's world size")
     audit = entry["audit_bytes"]
     well_formed(isinstance(audit, list) and len(audit) == SIZED_WORLD_SIZE, "the sized run's audit")
-    carried = count(entry["carried_elements"], "the sized run's collectives", high=2**40)
-    well_formed(carried >= parameter_count(), "the sized run's collectives (fewer elements than the sized model has)")
     kernel = count(entry["kernel_peak_bytes"], "the sized run's kernel figure", low=1, high=2**40)
     return Figures(kernel, sum(count(a, "the sized run's audit", high=2**40) for a in audit))
 

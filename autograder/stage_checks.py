@@ -182,7 +182,8 @@ class StageExercise:
         n = kernel_memory.SIZED_WORLD_SIZE
         setting = None if self.setting is None else self.setting.sized or self.setting.default(n)
         configured = self.configured(stage, setting)
-        return train(configured, n, functions, kernel_memory.SIZED_STEPS, kernel_memory.SIZED_CONFIG)
+        steps, config = kernel_memory.SIZED_STEPS, kernel_memory.SIZED_CONFIG
+        return train(configured, n, functions, steps, config, witnessed_collectives=False)
 
     def observe_training(self, *objects: Any, world_sizes: list[int], **given: Any) -> dict[str, Any]:
         """The runs of the training check: fp32 (`TRAINING_CONFIG`), to be judged against the oracle."""

@@ -71,6 +71,8 @@ class WitnessedRun:
     """Per rank, the stage's schedule marks as the witness received them: (time, event, layer)."""
     began_s: float = 0.0
     """When the child said the run begins, before its ranks build anything."""
+    collectives: bool = True
+    """False for the sized run whose memory the kernel counts: its collectives do not come here."""
     kernel_peak_bytes: int = 0
     """The child's largest resident memory from `began_s` to its end, as the kernel counted it
     (`Witness.measure`): the run's own memory, and whatever the child held then."""
@@ -115,9 +117,11 @@ class Witness(threading.Thread):
             if not isinstance(world_size, int) or not 1 <= world_size <= 64 or len(self.runs) >= MAX_RUNS:
                 raise ValueError(f"a run of {world_size!r} ranks")
             ranks: list = [[] for _ in range(world_size)]
-            self.runs.append(WitnessedRun(world_size, ranks, [[] for _ in range(world_size)], began_s=received))
+            collectives = header.get("collectives", True) is not False
+            marks: list = [[] for _ in range(world_size)]
+            self.runs.append(WitnessedRun(world_size, ranks, marks, began_s=received, collectives=collectives))
             return None
-        if not self.runs:
+        if not self.runs or not self.runs[-1].collectives:
             raise ValueError("a collective outside a graded run")
         run = self.runs[-1]
         if kind == "arrive":
@@ -249,6 +253,8 @@ def _verified(run: dict, witness: Witness) -> dict:
     if not isinstance(index, int) or not 0 <= index < len(witness.runs):
         raise ObservationInvalid("a run whose collectives did not go through the course's witness: no points")
     seen = witness.runs[index]
+    if not seen.collectives:
+        raise ObservationInvalid("a run whose collectives did not go through the course's witness: no points")
     claimed = run["collectives"]
     if run["world_size"] != seen.world_size or not isinstance(claimed, list) or len(claimed) != seen.world_size:
         raise ObservationInvalid(f"a run of {run['world_size']!r} ranks where the witness saw {seen.world_size}")
@@ -269,17 +275,18 @@ def _verified(run: dict, witness: Witness) -> dict:
 
 
 def _verified_sized(run: dict, witness: Witness) -> dict:
-    """A sized run's summary with the witness's figures: the elements its ranks carried, and the memory the
-    kernel saw from its beginning on (the child's word for neither)."""
+    """A sized run's summary with the memory the kernel saw from its beginning on (`Witness.measure`). The
+    child announces one sized run (its collectives do not come here); a summary naming any other run,
+    whose later beginning would leave part of the sized run out of the count, earns nothing."""
     index = run.get(WITNESS_KEY)
-    if not isinstance(index, int) or not 0 <= index < len(witness.runs):
-        raise ObservationInvalid("a sized run whose collectives did not go through the course's witness: no points")
+    sized = [number for number, seen in enumerate(witness.runs) if not seen.collectives]
+    if sized != [index]:
+        raise ObservationInvalid("a sized run the witness did not see begin, or not once: no points")
     seen = witness.runs[index]
     if run["world_size"] != seen.world_size:
         claimed = f"{run['world_size']!r:.20}"
         raise ObservationInvalid(f"a sized run of {claimed} ranks where the witness saw {seen.world_size}")
-    carried = sum(entry.elements for entry in seen.ranks[0])
-    return {**run, "carried_elements": carried, "kernel_peak_bytes": seen.kernel_peak_bytes}
+    return {**run, "kernel_peak_bytes": seen.kernel_peak_bytes}
 
 
 def _verified_marks(ranks: Any, seen: WitnessedRun) -> list:

@@ -62,16 +62,14 @@ def entry(**changes: object) -> dict:
         witness.WITNESS_KEY: 3,
         "world_size": kernel_memory.SIZED_WORLD_SIZE,
         "audit_bytes": [100 * MiB] * kernel_memory.SIZED_WORLD_SIZE,
-        "carried_elements": 3 * kernel_memory.parameter_count(),
         "kernel_peak_bytes": 1300 * MiB,
     }
     return {**good, **changes}
 
 
-def test_a_sized_run_must_be_one_the_witness_saw_carry_the_sized_model() -> None:
+def test_a_sized_run_summary_must_be_well_formed() -> None:
     assert kernel_memory.measured(entry()) == Figures(1300 * MiB, 400 * MiB)
     for malformed in (
-        entry(carried_elements=17_000),  # a micro run's number claimed for the sized run
         entry(world_size=2),
         entry(audit_bytes=[-1] * kernel_memory.SIZED_WORLD_SIZE),
         entry(kernel_peak_bytes=0),
@@ -79,6 +77,29 @@ def test_a_sized_run_must_be_one_the_witness_saw_carry_the_sized_model() -> None
     ):
         with pytest.raises(ObservationInvalid):
             kernel_memory.measured(malformed)
+
+
+def witnessed(*collectives: bool) -> witness.Witness:
+    """A witness that saw runs begin, with or without their collectives, the kernel's peak 1 GiB each."""
+    seen = witness.Witness.__new__(witness.Witness)
+    seen.problem = None
+    seen.runs = [
+        witness.WitnessedRun(4, [[]] * 4, [[]] * 4, collectives=c, kernel_peak_bytes=2**30) for c in collectives
+    ]
+    return seen
+
+
+def test_the_sized_run_named_must_be_the_one_the_child_announced_as_sized() -> None:
+    summary = {witness.WITNESS_KEY: 1, "world_size": 4, "audit_bytes": [0] * 4}
+    verified = witness.verify_runs({"kernel": summary}, witnessed(True, False, True))
+    assert verified["kernel"]["kernel_peak_bytes"] == 2**30
+    for claimed in (0, 2):  # an ordinary run's number: a later beginning would leave the sized run uncounted
+        with pytest.raises(ObservationInvalid, match="sized run"):
+            witness.verify_runs({"kernel": {**summary, witness.WITNESS_KEY: claimed}}, witnessed(True, False, True))
+    with pytest.raises(ObservationInvalid, match="not once"):
+        witness.verify_runs({"kernel": summary}, witnessed(True, False, False))
+    with pytest.raises(ObservationInvalid, match="did not go through"):
+        witness.verify_runs({witness.WITNESS_KEY: 1, **{k: [] for k in witness.RUN_KEYS}}, witnessed(True, False))
 
 
 @pytest.mark.ex07

@@ -128,10 +128,12 @@ class WitnessLink:
         with self._lock:
             write_frame(self.sock, header, tensors)
 
-    def begin_run(self, world_size: int) -> None:
-        """A graded run starts: the witness files what follows under a new run (numbered from 0)."""
+    def begin_run(self, world_size: int, collectives: bool = True) -> None:
+        """A graded run starts: the witness files what follows under a new run (numbered from 0). A run
+        whose `collectives` do not go through the witness (the sized run whose memory the grader measures)
+        only marks when it began."""
         self._arrivals = {rank: 0 for rank in range(world_size)}
-        self.send({"kind": "run", "world_size": world_size})
+        self.send({"kind": "run", "world_size": world_size, "collectives": collectives})
         self.runs_begun += 1
 
     def arrive(self, rank: int, call: CollectiveCall, numel: int) -> int:
