@@ -69,6 +69,8 @@ class WrongSubmission:
     source: str
     rules: str | None = None
     """A phrase of the rules' verdict on the cell, if it breaks a rule for graded cells."""
+    writes: str | None = None
+    """A file the submission writes where it can (its header's `WRITES`): removed after each grade here."""
 
     @classmethod
     def read(cls, path: Path) -> WrongSubmission:
@@ -88,6 +90,7 @@ class WrongSubmission:
             meta["CHILD"],
             source,
             meta.get("RULES"),
+            meta.get("WRITES"),
         )
 
     def notebook(self, directory: Path) -> Path:
@@ -159,7 +162,11 @@ def test_a_submission_graded_in_a_child_process_loses_exactly_its_checks(
     else:  # a run that finishes: room for a loaded machine (ex03's takes about 5 s on two idle cores)
         seconds = {"time_s": 60}
     limits = Limits(walls=walled, **seconds)
-    assert_loses_exactly(wrong, grade_notebook(wrong.notebook(tmp_path), limits=limits))
+    try:
+        assert_loses_exactly(wrong, grade_notebook(wrong.notebook(tmp_path), limits=limits))
+    finally:  # without the walls a file written into the venv would stay for every later test to find
+        if wrong.writes:
+            Path(wrong.writes).unlink(missing_ok=True)
 
 
 def test_every_assignment_has_a_wrong_submission_and_no_fixture_is_misnamed() -> None:

@@ -7,7 +7,8 @@ on a grader judging beside their code (patched comparisons, a patched grader, fo
 reference loaded by a built name or called past the shard, reading the solutions, a process left behind,
 a signal to the parent; most of them break a rule for graded cells, and lose every check before anything
 runs); xavier, yvonne and zach an attack on the walls and the evidence (a file written
-into the grader's venv, the solutions read through torch, a ledger rewritten); ursula a correct notebook
+into the grader's venv, the solutions read through torch, a ledger rewritten, every gathered layer kept
+outside torch, where only the kernel's count of memory sees it); ursula a correct notebook
 written unusually. The gradebook must give each of
 them, check by check, exactly what the fixture's header says (the points `check` and `grade` give, see
 tests/test_grading_integrity.py); alice's graded test cells must not have written a byte to stderr
@@ -56,6 +57,7 @@ CLASS = {
     "ex07_zero3_prefetch": {
         "bob": "wrong/ex07_gathers_on_demand.py",
         "ursula": "correct/ex07_prefetches_on_release.py",
+        "zach": "wrong/ex07_keeps_every_layer_gathered_outside_torch.py",
     },
     "ex08_clip_and_accumulate": {
         "bob": "wrong/ex08_defers_to_the_last_micro_batch.py",
