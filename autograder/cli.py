@@ -258,7 +258,10 @@ def run_grade_command(args: argparse.Namespace) -> int:
         raise UsageError(f"unknown assignment(s) {unknown}; the course has {', '.join(EXERCISES)}")
     out, feedback_dir = Path(args.out), Path(args.feedback)
     walled = walls_for_grading(args.no_walls)
-    secret = grading_secret(create=True)
+    try:
+        secret = grading_secret(create=True)
+    except (PermissionError, FileNotFoundError) as error:
+        raise UsageError(f"the grading secret: {error}") from None
     fieldnames = ["student", *assignments, "total", "max_total", "seconds", "walls", SIGNATURE]
     key = grading_key(out)
     rows, forged = signed_rows([] if args.force else read_rows(out, fieldnames), key, fieldnames)

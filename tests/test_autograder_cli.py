@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -232,3 +233,17 @@ def test_no_submission_can_touch_the_grades_the_feedback_or_the_grader(tmp_path:
     assert {s: g["total"] for s, g in grades.items()} == {"alice": "10", "mallory": "0", "zed": "10"}
     assert "`import os` uses the module os" in (feedback / "mallory.txt").read_text()
     assert "see me" not in (feedback / "alice.txt").read_text()
+
+
+def test_grade_refuses_a_secret_other_users_may_read_in_one_line(tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    secret.write_text("instructor\n")
+    secret.chmod(0o644)
+    done = subprocess.run(
+        [sys.executable, "-m", "autograder", "grade", str(tmp_path), "--out", str(tmp_path / "g.csv"),
+         "--feedback", str(tmp_path / "fb")],
+        cwd=ROOT, capture_output=True, text=True, timeout=240,
+        env={**os.environ, "AUTOGRADER_SECRET_FILE": str(secret)},
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert "may be read by other users" in done.stderr and "chmod 600" in done.stderr

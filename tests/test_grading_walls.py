@@ -182,6 +182,27 @@ def test_the_walls_hold_for_a_grader_who_is_a_normal_user() -> None:
     assert "6 passed" in done.stdout, done.stdout[-1000:]
 
 
+@needs_walls
+@pytest.mark.skipif(os.geteuid() != 0, reason="the tests already run as a normal user")
+def test_a_grader_who_is_a_normal_user_grades_a_class_inside_the_walls() -> None:
+    """`python -m autograder grade` as uid 1000: walls on, the CSV and feedback written where that user may."""
+    solution = ROOT / "solutions" / "ex05_memory_planning" / "ex05_memory_planning.ipynb"
+    script = (
+        "mkdir -p /tmp/class/student00/ex05_memory_planning && "
+        f"cp {solution} /tmp/class/student00/ex05_memory_planning/ && "
+        f"{sys.executable} -m autograder grade /tmp/class --out /tmp/grades.csv --feedback /tmp/feedback "
+        "--assignments ex05_memory_planning --no-progress && cat /tmp/grades.csv /tmp/feedback/student00.txt"
+    )
+    secret = "echo instructor > /tmp/secret && chmod 600 /tmp/secret"
+    command = ["AUTOGRADER_SECRET_FILE=/tmp/secret", "sh", "-c", f"{secret} && {script}"]
+    done = subprocess.run(as_a_normal_user(["env", *command]), capture_output=True, text=True, timeout=300,
+                          stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    rows = [line for line in done.stdout.splitlines() if line.startswith("student00,")]
+    assert len(rows) == 1 and rows[0].startswith("student00,10,10,10,"), done.stdout[-2000:]
+    assert ",on," in rows[0] and "walls off" not in done.stdout, done.stdout[-2000:]
+
+
 def test_the_seccomp_program_is_well_formed() -> None:
     """Every instruction is 8 bytes, and every jump lands inside the program."""
     program = seccomp.x86_64_program()
