@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from zero_core.comm import PCIE_OPS
+from zero_core.facts import fact
 from zero_core.formulas import busbw_factor
 
 if TYPE_CHECKING:
@@ -97,9 +98,19 @@ class Machine:
         return replace(self, **changes)
 
 
-NVLINK_ALPHA_S = 1.3e-6
-"""Per-step latency inside a node, fitted to the 32 KiB all-reduce of an 8×H200 node (lesson 8's
-validation: 3.20 GB/s busbw, S. Bekman, ml-engineering, network/benchmarks); assumed for the other presets."""
+def ring_alpha(busbw: float, full_bytes: float, n_gpus: int, bus_bandwidth: float) -> float:
+    """The per-step α with which a ring all-reduce of `full_bytes` on `n_gpus` GPUs at bus bandwidth B shows
+    the measured `busbw`: time = 2(N-1)/N·S/busbw = 2(N-1)·α + 2(N-1)/N·S/B, solved for α."""
+    factor = 2 * (n_gpus - 1) / n_gpus
+    return (factor * full_bytes / busbw - factor * full_bytes / bus_bandwidth) / (2 * (n_gpus - 1))
+
+
+_SMALLEST = fact("h200_all_reduce_busbw_32KiB")
+NVLINK_ALPHA_S = ring_alpha(_SMALLEST.value * 1e9, _SMALLEST.bytes, 8, fact("nvlink4_unidirectional_spec").value * 1e9)
+"""Per-step latency inside a node: fitted to the smallest all-reduce of an 8×H200 node (32 KiB, 1.44 GB/s
+busbw, `zero_core/data/facts.toml`) with B the NVLink 4 spec, 450 GB/s; about 2.8 µs. Assumed for the other
+presets' NVLink too (no source measures theirs here). NCCL runs that size as a ring with its LL protocol, as
+the model does; lesson 8 shows the model's error at the larger sizes, where NCCL switches algorithm."""
 NETWORK_ALPHA_S = 5e-6
 """Per-step latency across nodes: an assumption (no source here), visible only for messages under ~1 MB."""
 PCIE3_X16, PCIE4_X16, PCIE5_X16 = 15.75e9, 31.5e9, 63e9

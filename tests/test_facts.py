@@ -1,0 +1,49 @@
+"""The facts file (`zero_core/data/facts.toml`, `zero_core.facts`): every outside figure with its source and the
+line it was read from, and the constants and lessons that read it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from zero_core import facts, time_model
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("name", sorted(facts.facts()))
+def test_every_value_stands_in_its_quote(name: str) -> None:
+    fact = facts.fact(name)
+    written = f"{fact.value:g}"
+    assert written in fact.quote.replace(",", ""), f"[{name}] {written} is not in its quote: {fact.quote!r}"
+    assert fact.source.get("url") or len(fact.source.get("commit", "")) == 40, f"[{name}]: a URL or a full commit"
+    assert fact.source.get("section"), f"[{name}]: the section of the source"
+
+
+@pytest.mark.parametrize("name", sorted(facts.facts()))
+def test_every_place_a_fact_is_used_reads_the_facts_file(name: str) -> None:
+    for place in facts.fact(name).used_in:
+        path = ROOT / place.split(" ", 1)[0]
+        assert path.exists(), f"[{name}] is used in {place}, which does not exist"
+        assert "fact(" in path.read_text(), f"{path.name} uses [{name}] without reading it from the facts file"
+
+
+def test_a_missing_fact_names_the_file_to_add_it_to() -> None:
+    with pytest.raises(KeyError, match="facts.toml"):
+        facts.fact("h200_all_reduce_busbw_3KiB")
+
+
+def test_the_nvlink_latency_is_the_fit_to_the_smallest_measured_all_reduce() -> None:
+    smallest = facts.fact("h200_all_reduce_busbw_32KiB")
+    machine = time_model.H100_800G.with_(intra_node_bandwidth=facts.fact("nvlink4_unidirectional_spec").value * 1e9)
+    predicted = time_model.predicted_busbw(machine, "all_reduce", smallest.bytes, 8)
+    assert predicted == pytest.approx(smallest.value * 1e9, rel=1e-9)
+    assert 2e-6 < time_model.NVLINK_ALPHA_S < 4e-6
+
+
+def test_lesson_8_carries_none_of_the_figures_its_source_does_not_contain() -> None:
+    """The bus bandwidths an earlier version quoted appear nowhere in the source's history."""
+    text = (ROOT / "lessons" / "08_time_and_overlap.ipynb").read_text()
+    for unsourced in ("3.20", "72.45", "242.45", "442.27", "480.70"):
+        assert unsourced not in text
