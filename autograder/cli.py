@@ -9,8 +9,10 @@ anywhere below it, found by file name (nbgrader's `submitted/<student>/<assignme
 layout works as is). Every notebook is graded in its own child process with a time and a memory limit,
 so a notebook that loops, crashes or exits costs its own points and never stops the batch. Writes
 `--out` (CSV: one row per student, points per assignment, total) atomically after every student, and
-`--feedback DIR/<student>.txt` (every check's message), each atomically. A rerun skips students already
-in the CSV, unless `--force`, but only rows this grader wrote: every row carries an HMAC-SHA256 signature
+`--feedback DIR/<student>.txt` (every check's message), each atomically. A rerun skips students whose
+notebooks have not changed since their row (a fingerprint of the notebooks' bytes, column `submitted`),
+unless `--force`; a run on another set of assignments grades everyone again; and it trusts only rows this
+grader wrote: every row carries an HMAC-SHA256 signature
 with a key kept beside the CSV (`.<name>.key`, mode 0600, out of every submission's reach), and a row
 whose signature does not verify (edited, forged, from an older grader) is graded again.
 
@@ -152,15 +154,34 @@ def write_csv_atomically(path: Path, fieldnames: list[str], rows: list[dict]) ->
 
 
 def read_rows(path: Path, fieldnames: list[str]) -> list[dict]:
+    """The rows of an earlier run of the same assignments; none (every student is graded again, and the file
+    rewritten) when the file has other columns: another set of assignments, or an older grader's."""
     if not path.exists():
         return []
     with path.open(newline="") as handle:
         reader = csv.DictReader(handle)
         if reader.fieldnames != fieldnames:
-            raise UsageError(
-                f"{path} has columns {reader.fieldnames}, not {fieldnames}; use --force to regrade into it"
-            )
+            graded = [name for name in reader.fieldnames or [] if name in EXERCISES]
+            now = [name for name in fieldnames if name in EXERCISES]
+            print(f"{path} graded {', '.join(graded) or 'other columns'}; now {', '.join(now)}: "
+                  "every student is graded again")
+            return []
         return list(reader)
+
+
+SUBMITTED = "submitted"
+"""The column that fingerprints what a row graded: a student whose notebooks changed since is graded again."""
+
+
+def submission_fingerprint(student_dir: Path, assignments: list[str]) -> str:
+    """SHA-256 over each assignment's notebook bytes (or its absence), in the order of `assignments`."""
+    notebooks = find_notebooks(student_dir, assignments)
+    digest = hashlib.sha256()
+    for assignment in assignments:
+        path = notebooks.get(assignment)
+        digest.update(f"{assignment}\0".encode())
+        digest.update(hashlib.sha256(path.read_bytes()).digest() if path else b"absent")
+    return digest.hexdigest()[:32]
 
 
 SIGNATURE = "signature"
@@ -262,23 +283,24 @@ def run_grade_command(args: argparse.Namespace) -> int:
         secret = grading_secret(create=True)
     except (PermissionError, FileNotFoundError) as error:
         raise UsageError(f"the grading secret: {error}") from None
-    fieldnames = ["student", *assignments, "total", "max_total", "seconds", "walls", SIGNATURE]
+    fieldnames = ["student", *assignments, "total", "max_total", "seconds", "walls", SUBMITTED, SIGNATURE]
     key = grading_key(out)
     rows, forged = signed_rows([] if args.force else read_rows(out, fieldnames), key, fieldnames)
     if forged:
         print(f"{forged} row(s) of {out} were not written by this grader (no valid signature): dropped, and graded "
               "again if their student has a folder")
         write_csv_atomically(out, fieldnames, rows)
-    done = {row["student"] for row in rows}
+    graded_before = {row["student"]: row[SUBMITTED] for row in rows}
     students = sorted(p for p in submissions.iterdir() if p.is_dir() and not p.name.startswith("."))
-    pending = [s for s in students if s.name not in done]
+    fingerprints = {s.name: submission_fingerprint(s, assignments) for s in students}
+    pending = [s for s in students if graded_before.get(s.name) != fingerprints[s.name]]
     limits = _limits(args, walled)
     feedback_dir.mkdir(parents=True, exist_ok=True)
     for student_dir in tqdm(pending, desc="grading", unit="student", disable=args.no_progress):
         started = time.perf_counter()
         graded = grade_student(student_dir, assignments, limits, (out, key_path(out), feedback_dir), secret)
         row = {"student": student_dir.name, "seconds": f"{time.perf_counter() - started:.1f}",
-               "walls": "on" if walled else UNWALLED}
+               "walls": "on" if walled else UNWALLED, SUBMITTED: fingerprints[student_dir.name]}
         for assignment, results in graded.items():
             row[assignment] = format_points(total(results)[0])
         points, max_points = total([r for results in graded.values() for r in results])
@@ -288,8 +310,8 @@ def run_grade_command(args: argparse.Namespace) -> int:
         rows = [r for r in rows if r["student"] != student_dir.name] + [row]
         write_csv_atomically(out, fieldnames, sorted(rows, key=lambda r: r["student"]))
     print(
-        f"graded {len(pending)} student(s), skipped {len(students) - len(pending)} already in {out}; "
-        f"grades in {out}, feedback in {feedback_dir}/"
+        f"graded {len(pending)} student(s), skipped {len(students) - len(pending)} whose notebooks {out} has "
+        f"graded; grades in {out}, feedback in {feedback_dir}/"
     )
     return 0
 

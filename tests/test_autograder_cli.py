@@ -247,3 +247,40 @@ def test_grade_refuses_a_secret_other_users_may_read_in_one_line(tmp_path: Path)
     )
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
     assert "may be read by other users" in done.stderr and "chmod 600" in done.stderr
+
+
+def test_a_term_of_two_weeks_regrades_what_changed_and_lists_only_the_assignments_set(tmp_path: Path) -> None:
+    """Week 1 sets ex05; week 2 adds ex01 (every student graded again, feedback naming those two only); a
+    resubmission is graded again alone; a rerun with nothing new grades nobody."""
+    ex01 = "ex01_collectives"
+    submitted, out, feedback = tmp_path / "submitted", tmp_path / "grades.csv", tmp_path / "feedback"
+    for student, folder in (("alice", "solutions"), ("bob", "exercises")):
+        (submitted / student / EX05).mkdir(parents=True)
+        shutil.copy(notebook(folder), submitted / student / EX05 / f"{EX05}.ipynb")
+
+    def grade(assignments: str) -> str:
+        done = run_autograder("grade", str(submitted), "--out", str(out), "--feedback", str(feedback),
+                              "--assignments", assignments, "--no-progress")
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done.stdout
+
+    assert "graded 2 student(s), skipped 0" in grade(EX05)
+    assert {s: g[EX05] for s, g in read_grades(out).items()} == {"alice": "10", "bob": "0"}
+
+    (submitted / "alice" / ex01).mkdir()
+    shutil.copy(notebook("solutions", ex01), submitted / "alice" / ex01 / f"{ex01}.ipynb")
+    week2 = grade(f"{EX05},{ex01}")
+    assert "every student is graded again" in week2 and "graded 2 student(s), skipped 0" in week2
+    grades = read_grades(out)
+    assert {s: (g[EX05], g[ex01], g["total"], g["max_total"]) for s, g in grades.items()} == {
+        "alice": ("10", "10", "20", "20"),
+        "bob": ("0", "0", "0", "20"),
+    }
+    bob = (feedback / "bob.txt").read_text()
+    sections = [line.split(":")[0] for line in bob.splitlines() if line.startswith("== ")]
+    assert sections == [f"== {EX05}", f"== {ex01}"] and f"no {ex01}.ipynb submitted" in bob
+
+    shutil.copy(notebook("solutions"), submitted / "bob" / EX05 / f"{EX05}.ipynb")
+    assert "graded 1 student(s), skipped 1" in grade(f"{EX05},{ex01}")
+    assert read_grades(out)["bob"][EX05] == "10" and read_grades(out)["alice"]["total"] == "20"
+    assert "graded 0 student(s), skipped 2" in grade(f"{EX05},{ex01}")
