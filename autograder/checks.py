@@ -314,9 +314,34 @@ def format_points(value: float) -> str:
     return f"{value:g}"
 
 
-def print_results(results: list[CheckResult], out: Any = sys.stdout) -> None:
+def shared_tail(results: list[CheckResult]) -> list[str]:
+    """The lines every failed check's message ends with, where two or more failed (a cell that raised, added
+    to each check it cost): said once after the checks rather than once per check."""
+    failed = [result.message.splitlines() for result in results if not result.passed]
+    if len(failed) < 2:
+        return []
+    tail: list[str] = []
+    while all(len(lines) > len(tail) + 1 for lines in failed) and len({lines[-1 - len(tail)] for lines in failed}) == 1:
+        tail.insert(0, failed[0][-1 - len(tail)])
+    return tail
+
+
+def results_text(results: list[CheckResult]) -> str:
+    """Every check's points and message, a line each (continuation lines indented), what every failed check
+    shares said once at the end."""
+    tail = shared_tail(results)
+    out = []
     for result in results:
         lines = result.message.splitlines() or [""]
-        out.write(f"[{format_points(result.points)}/{format_points(result.max_points)}] {result.name}: {lines[0]}\n")
-        for line in lines[1:]:
-            out.write(f"      {line}\n")
+        if tail and not result.passed:
+            lines = lines[: len(lines) - len(tail)]
+        out.append(f"[{format_points(result.points)}/{format_points(result.max_points)}] {result.name}: {lines[0]}")
+        out += [f"      {line}" for line in lines[1:]]
+    if tail:
+        out.append("every check that failed above also failed because:")
+        out += [f"      {line}" for line in tail]
+    return "\n".join(out) + "\n"
+
+
+def print_results(results: list[CheckResult], out: Any = sys.stdout) -> None:
+    out.write(results_text(results))

@@ -1,8 +1,9 @@
 """`python -m autograder check NOTEBOOK` (a student) and `python -m autograder grade DIR` (an instructor).
 
 check: grades one notebook (any of the course's `exNN_*.ipynb`) in a child process and prints every
-check's points and message; the last line is `total: X/Y points`. The exit code is 0 whenever the
-notebook was graded, points lost or not.
+check's points and message (what every failed check shares, such as a cell that raised, once at the end);
+the last line is `total: X/Y points`. Exit codes: 0 every point, 1 graded with points lost, 2 the
+notebook could not be graded (no such file, not a course notebook, not a notebook).
 
 grade: grades a class. DIR holds one folder per student, named by the student id, with the notebooks
 anywhere below it, found by file name (nbgrader's `submitted/<student>/<assignment>/<assignment>.ipynb`
@@ -44,7 +45,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from autograder import recorded, walls
-from autograder.checks import CheckResult, format_points, grading_secret, print_results, total
+from autograder.checks import CheckResult, format_points, grading_secret, print_results, results_text, total
 from autograder.sandbox import ROOT, Limits, grade_notebook
 from autograder.submission import EXERCISES, assignment_of, exercise_module, unreadable
 
@@ -132,7 +133,11 @@ def run_check_command(args: argparse.Namespace) -> int:
     print_results(results)
     points, max_points = total(results)
     print(f"total: {format_points(points)}/{format_points(max_points)} points")
-    return 0
+    return FULL_MARKS if points == max_points else BELOW_FULL_MARKS
+
+
+FULL_MARKS, BELOW_FULL_MARKS, CANNOT_GRADE = 0, 1, 2
+"""`check`'s exit codes: every point; graded, some points lost; the notebook could not be graded at all."""
 
 
 def find_notebooks(student_dir: Path, assignments: list[str]) -> dict[str, Path]:
@@ -237,11 +242,7 @@ def feedback_text(student: str, graded: dict[str, list[CheckResult]], walled: bo
     for assignment, results in graded.items():
         points, max_points = total(results)
         lines.append(f"== {assignment}: {format_points(points)}/{format_points(max_points)} points")
-        for result in results:
-            message = result.message.replace("\n", "\n      ")
-            score = f"{format_points(result.points)}/{format_points(result.max_points)}"
-            lines.append(f"[{score}] {result.name}: {message}")
-        lines.append("")
+        lines.append(results_text(results))
     points, max_points = total([r for results in graded.values() for r in results])
     lines.append(f"total: {format_points(points)}/{format_points(max_points)} points")
     return "\n".join(lines) + "\n"
@@ -373,4 +374,4 @@ def main(argv: list[str] | None = None) -> int:
         return args.run(args)
     except UsageError as error:
         sys.stderr.write(f"python -m autograder {args.command}: error: {error}\n")
-        return 2
+        return CANNOT_GRADE

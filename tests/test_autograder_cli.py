@@ -51,9 +51,9 @@ def test_check_prints_every_check_and_the_total_last() -> None:
     assert lines[-1] == "total: 10/10 points"
 
 
-def test_check_exits_zero_when_points_are_lost() -> None:
+def test_check_exits_one_when_points_are_lost() -> None:
     done = run_autograder("check", str(notebook("exercises")))
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 1, done.stderr
     assert "[0/2] test_model_state_bytes: " in done.stdout
     assert "NotImplementedError" in done.stdout
     assert done.stdout.splitlines()[-1] == "total: 0/10 points"
@@ -284,3 +284,13 @@ def test_a_term_of_two_weeks_regrades_what_changed_and_lists_only_the_assignment
     assert "graded 1 student(s), skipped 1" in grade(f"{EX05},{ex01}")
     assert read_grades(out)["bob"][EX05] == "10" and read_grades(out)["alice"]["total"] == "20"
     assert "graded 0 student(s), skipped 2" in grade(f"{EX05},{ex01}")
+
+
+def test_an_error_every_check_shares_is_said_once(tmp_path: Path) -> None:
+    broken = with_cell(EX05, "formulas", "def model_state_bytes(stage, psi, n_gpus)\n    return 0\n",
+                       tmp_path / EX05 / f"{EX05}.ipynb")
+    done = run_autograder("check", str(broken))
+    assert done.returncode == 1, done.stderr
+    assert done.stdout.count("SyntaxError") == 1, done.stdout
+    assert "every check that failed above also failed because:" in done.stdout
+    assert sum(line.startswith("[0/2] test_") for line in done.stdout.splitlines()) == 5

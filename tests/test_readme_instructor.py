@@ -39,7 +39,7 @@ def test_the_self_study_check_command_grades_the_released_notebook_as_the_readme
     commands = readme_commands("Self-study")
     assert commands[0] == "make lab"  # served and read in test_make_lab_serves_..., below
     done = subprocess.run(commands[1], shell=True, cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 1, done.stderr  # graded, points lost: as the README says
     assert done.stdout.splitlines()[-1] == "total: 0/10 points"
 
 

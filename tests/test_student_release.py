@@ -33,10 +33,10 @@ sys.exit(main(["check", notebook]))
 """`python -m autograder check` as run in the release, with nothing of the instructor's copy importable."""
 
 
-def check_in_release(release: Path, notebook: Path) -> str:
+def check_in_release(release: Path, notebook: Path, exit_code: int = 0) -> str:
     done = subprocess.run([sys.executable, "-I", "-c", CHECK_IN_RELEASE, str(release), str(notebook)],
                           capture_output=True, text=True, timeout=300, cwd=release)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert done.returncode == exit_code, done.stdout[-2000:] + done.stderr[-3000:]
     return done.stdout
 
 
@@ -75,7 +75,7 @@ def test_check_in_the_release_grades_the_visible_checks_from_the_record(release_
 
 def test_a_wrong_answer_loses_its_visible_checks_in_the_release(release_ex02: Path, tmp_path: Path) -> None:
     wrong = WrongSubmission.read(FIXTURES / "ex02_floor_chunk.py")
-    printed = check_in_release(release_ex02, wrong.notebook(tmp_path))
+    printed = check_in_release(release_ex02, wrong.notebook(tmp_path), exit_code=1)
     lost = {line.split("] ", 1)[1].split(":", 1)[0] for line in printed.splitlines() if line.startswith("[0/")}
     assert lost == {name for name in wrong.loses if not name.startswith("test_hidden")}, printed
 
