@@ -18,9 +18,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import psutil
+
 ROOT = Path(__file__).resolve().parents[1]
 LEFT_OUT = (".venv", ".git", "out", "gradebook.db", "__pycache__", ".pytest_cache", ".ruff_cache")
-LAB_URL = re.compile(r"(http://127\.0\.0\.1:\d+)/lab\S*\?token=(\w+)")
+LAB_URL = re.compile(r"(http://127\.0\.0\.1:\d+)(/lab\S*)\?token=(\w+)")
+PRINTED: dict[str, str] = {}
+"""What the last `started_lab` read: the printed URL's path, and the server's PATH (its terminals')."""
 
 
 def copy_course(destination: Path) -> Path:
@@ -46,7 +50,10 @@ def started_lab(folder: Path) -> Iterator[tuple[str, str]]:
                 break
             found = LAB_URL.search(line)
         assert found, "make lab printed no URL"
-        yield found.group(1), found.group(2)
+        PRINTED["path"] = found.group(2)
+        servers = [p for p in psutil.Process(server.pid).children(recursive=True) if "jupyter" in " ".join(p.cmdline())]
+        PRINTED["PATH"] = servers[-1].environ().get("PATH", "") if servers else ""  # the server, not its shell
+        yield found.group(1), found.group(3)
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=30)

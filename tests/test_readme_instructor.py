@@ -20,7 +20,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from course_copy import ROOT, copy_course, started_lab
+from course_copy import PRINTED, ROOT, copy_course, started_lab
 
 EX05 = "ex05_memory_planning"
 pytestmark = pytest.mark.ex05
@@ -105,3 +105,12 @@ def test_make_lab_serves_lessons_exercises_and_solutions_and_prints_its_url() ->
             names = [item["name"] for item in contents(f"{base}/api/contents/{folder}?token={token}")]
             assert names, folder
         assert "ex05_memory_planning" in names
+        assert PRINTED["path"] == "/lab/tree/lessons", "the URL it prints opens lessons/"
+        terminal_path = PRINTED["PATH"]
+    # A lab terminal inherits the server's PATH: the notebook's own tip runs there as written.
+    tip = f"python -m autograder check {EX05}.ipynb"
+    assert tip in (ROOT / "exercises" / EX05 / f"{EX05}.ipynb").read_text()
+    done = subprocess.run(tip, shell=True, cwd=ROOT / "exercises" / EX05, capture_output=True, text=True, timeout=300,
+                          env={"PATH": terminal_path, "HOME": os.environ.get("HOME", "/tmp")})
+    assert done.returncode == 1, done.stdout[-1000:] + done.stderr[-1000:]
+    assert done.stdout.splitlines()[-1] == "total: 0/10 points"
