@@ -89,7 +89,11 @@ def test_lesson_runs_top_to_bottom_without_errors_or_stderr(
     kernel = KernelManager(kernel_name=KERNEL_NAME, kernel_spec_manager=kernel_spec_manager)
     client = NotebookClient(nb, km=kernel, timeout=CELL_TIMEOUT_S, resources={"metadata": {"path": str(LESSONS_DIR)}})
     started = time.perf_counter()
-    client.execute(env=kernel_environment())
+    try:
+        client.execute(env=kernel_environment())
+    finally:  # nbclient leaves a kernel it was handed running: ten lessons would keep ten kernels (~5 GB) alive
+        if kernel.has_kernel:
+            kernel.shutdown_kernel(now=True)
     seconds = time.perf_counter() - started
 
     record_property("run_seconds", round(seconds, 1))
