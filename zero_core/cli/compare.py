@@ -316,7 +316,8 @@ def render(
         ],
         title=(
             "Compute per GPU per step (FLOPs: last step; times: over the steps between the first and the last, "
-            "the cluster's wall time per step and a rank's time inside collectives)"
+            "the cluster's wall time per step and a rank's time inside collectives; they time this simulation on "
+            "this machine's CPU, every rank a thread, not ZeRO on GPUs: `plan --machine` predicts those)"
         ),
     )
     breakdown = table(
