@@ -14,6 +14,10 @@ nothing; the times the judge reads are the witness's. What stays the child's wor
 and step and the code that issued it (labels the judge uses to group collectives, not to count them), and
 the unnamed bytes a mark carries.
 
+The sized run whose memory the kernel counts (`autograder.kernel_memory`) only announces when it begins:
+its collectives stay in the child, and the parent gives it the child's peak resident memory from then on
+(`Witness.measure`).
+
 Nothing the child sends is unpickled or executed: frames are JSON headers and raw tensor bytes, within caps.
 """
 
@@ -147,7 +151,6 @@ class Witness(threading.Thread):
         `peak_since(moment)` reads the samples the parent took of the kernel's count."""
         for run in self.runs:
             run.kernel_peak_bytes = peak_since(run.began_s)
-
 
     def _arrive(self, run: WitnessedRun, header: dict, received: float) -> None:
         rank = _rank(run, header["rank"])
