@@ -15,10 +15,30 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.parametrize("name", sorted(facts.facts()))
 def test_every_value_stands_in_its_quote(name: str) -> None:
     fact = facts.fact(name)
-    written = f"{fact.value:g}"
-    assert written in fact.quote.replace(",", ""), f"[{name}] {written} is not in its quote: {fact.quote!r}"
+    if fact.assumption:
+        assert not fact.source and len(fact.assumption) > 20, f"[{name}]: an assumption says why, and has no source"
+        return
     assert fact.source.get("url") or len(fact.source.get("commit", "")) == 40, f"[{name}]: a URL or a full commit"
     assert fact.source.get("section"), f"[{name}]: the section of the source"
+    if fact.unverified:
+        assert len(fact.unverified) > 20, f"[{name}]: say why the source could not be opened"
+        return
+    for written in fact.printed or [f"{fact.value:g}"]:
+        assert written in fact.quote.replace(",", ""), f"[{name}] {written} is not in its quote: {fact.quote!r}"
+
+
+def test_an_entry_needs_exactly_one_kind_of_evidence(tmp_path, monkeypatch) -> None:
+    """A figure with neither a quote, an unverified note nor an assumption is refused, naming it."""
+    broken = tmp_path / "facts.toml"
+    broken.write_text('[paper]\nurl = "https://arxiv.org/abs/1910.02054"\nsection = "§10"\n\n'
+                      '[from_memory]\nvalue = 38\nunit = "TFLOP/s"\nsource = "paper"\nused_in = []\n')
+    monkeypatch.setattr(facts, "FACTS_FILE", broken)
+    facts.facts.cache_clear()
+    try:
+        with pytest.raises(ValueError, match=r"\[from_memory\] needs exactly one of quote, unverified, assumption"):
+            facts.facts()
+    finally:
+        facts.facts.cache_clear()
 
 
 @pytest.mark.parametrize("name", sorted(facts.facts()))

@@ -24,6 +24,9 @@ from pathlib import Path
 import nbformat
 import pytest
 from answer_text import answers_shown, notebook_text
+from lesson_figures import unsourced
+
+from zero_core.facts import Fact, facts
 
 ROOT = Path(__file__).resolve().parent.parent
 LESSONS_DIR = ROOT / "lessons"
@@ -105,6 +108,40 @@ def test_lesson_runs_top_to_bottom_without_errors_or_stderr(
     assert not problems, f"{path.name} must run warning-free:\n" + "\n".join(problems)
     shown = answers_shown(notebook_text(nb))
     assert not shown, f"{path.name} shows an exercise's answer (show behaviour, not the code):\n" + "\n".join(shown)
+    figures = unsourced(nb.cells, lesson_facts(path))
+    assert not figures, (
+        f"{path.name} writes figures with no source: compute them in the lesson, or add them to "
+        "zero_core/data/facts.toml with their source and read them with fact(name):\n" + "\n".join(figures)
+    )
+
+
+def lesson_facts(path: Path) -> list[Fact]:
+    """The facts the facts file says this lesson uses."""
+    return [f for f in facts().values() if any(place.startswith(f"lessons/{path.name}") for place in f.used_in)]
+
+
+def test_the_figure_check_fails_a_figure_from_nowhere_and_passes_one_with_a_source() -> None:
+    """A figure typed into prose or code with no source fails; printed, or a fact's, it passes; a fact's
+    figure written differently fails; an unverified fact shown without saying so fails."""
+    from zero_core.facts import fact
+
+    def cell(kind: str, text: str, printed: str = "") -> dict:
+        outputs = [{"output_type": "stream", "name": "stdout", "text": printed}] if printed else []
+        return {"cell_type": kind, "source": text, "outputs": outputs}
+
+    nvlink = fact("nvlink4_unidirectional_spec")
+    assert unsourced([cell("markdown", "NVLink 3 carries 600 GB/s.")], [])
+    assert not unsourced([cell("markdown", "about 600 GB/s"), cell("code", "print(x)", "600.2 GB/s")], [])
+    assert unsourced([cell("code", "memory = 80 * GB", "80 GB")], [])
+    assert unsourced([cell("code", 'link = parse_bandwidth("50GB/s")')], [])
+    ring = fact("h200_all_reduce_busbw_16GiB_ring")
+    assert not unsourced([cell("markdown", "B = 450 GB/s, 82% of it")], [nvlink, ring])
+    assert unsourced([cell("markdown", "B = 460 GB/s")], [nvlink])
+    assert not unsourced([cell("markdown", "14-23% low"), cell("code", "", "-14.2% and -22.8%")], [])
+    assert unsourced([cell("markdown", "14-23% low"), cell("code", "", "-22.8%")], [])
+    paper = Fact("paper_tflops", 38, "TFLOP/s", {"url": "u", "section": "§10"}, (), unverified="not opened here")
+    assert unsourced([cell("markdown", "38 TFLOP/s per GPU")], [paper])
+    assert not unsourced([cell("markdown", "38 TFLOP/s per GPU (unverified here)")], [paper])
 
 
 def test_the_answer_check_sees_a_printed_reference_function_and_a_solution_cell() -> None:

@@ -111,52 +111,74 @@ NVLINK_ALPHA_S = ring_alpha(_SMALLEST.value * 1e9, _SMALLEST.bytes, 8, fact("nvl
 busbw, `zero_core/data/facts.toml`) with B the NVLink 4 spec, 450 GB/s; about 2.8 µs. Assumed for the other
 presets' NVLink too (no source measures theirs here). NCCL runs that size as a ring with its LL protocol, as
 the model does; lesson 8 shows the model's error at the larger sizes, where NCCL switches algorithm."""
-NETWORK_ALPHA_S = 5e-6
+NETWORK_ALPHA_S = fact("network_step_latency").value / 1e6
 """Per-step latency across nodes: an assumption (no source here), visible only for messages under ~1 MB."""
-PCIE3_X16, PCIE4_X16, PCIE5_X16 = 15.75e9, 31.5e9, 63e9
+def _value(name: str) -> float:
+    """A figure of `zero_core/data/facts.toml`, where its source and the line it was read from stand beside it."""
+    return fact(name).value
+
+
+def _pcie_x16(lane_rate: str) -> float:
+    """One direction of a x16 link, bytes/s: lane rate (Mb/s) × 128/130 line code × 16 lanes / 8 bits."""
+    return _value(lane_rate) * 1e6 * 128 / 130 * 16 / 8
+
+
+PCIE3_X16, PCIE4_X16, PCIE5_X16 = (_pcie_x16(f"pcie{g}_lane_rate") for g in (3, 4, 5))
 """A GPU's x16 host link, one direction, at the PCIe 3.0 / 4.0 / 5.0 signalling rates (8, 16, 32 GT/s per
-lane, 128b/130b): the ceiling, not a measurement. Host figures per preset: each node's two CPU sockets ×
-DDR channels × transfer rate × 8 bytes (DGX-2: Xeon 8168, 6 × DDR4-2666; A100: the DGX A100's EPYC 7742,
-8 × DDR4-3200, assumed for the blog's cluster too; H100: the DGX H100's Xeon 8480C, 8 × DDR5-4800, PCIe 5.0,
-2 TB, as NVIDIA's DGX BasePOD reference architecture lists it), also a ceiling."""
+lane, 128b/130b): the ceiling (15.75, 31.5, 63 GB/s), not a measurement. Host figures per preset: each node's two
+CPU sockets × DDR channels × transfer rate × 8 bytes (DGX-2: Xeon 8168, 6 × DDR4-2666; A100: the DGX A100's EPYC
+7742, 8 × DDR4-3200, assumed for the blog's cluster too; H100: the DGX H100's Xeon 8480C, 8 × DDR5-4800, PCIe 5.0,
+2 TB), also a ceiling. Every figure is an entry of the facts file, named below."""
 
 DGX2_V100 = Machine(
     "ZeRO paper cluster: DGX-2, 16×V100, 800 Gb/s per node",
-    peak_tflops=125, achieved_fraction=0.33, gpus_per_node=16,
-    intra_node_bandwidth=150e9, intra_node_latency_s=NVLINK_ALPHA_S,
-    inter_node_bandwidth=800 * GBPS / 16, inter_node_latency_s=NETWORK_ALPHA_S, hbm_bandwidth=900e9,
-    pcie_bandwidth=PCIE3_X16, host_memory_bandwidth=2 * 6 * 2666e6 * 8, host_memory_bytes=1.5e12,
+    peak_tflops=_value("v100_fp16_tensor_peak_tflops"),
+    achieved_fraction=round(_value("zero_paper_turing_nlg_tflops") / _value("v100_fp16_tensor_peak_tflops"), 2),
+    gpus_per_node=16,
+    intra_node_bandwidth=_value("nvlink2_v100_unidirectional") * 1e9, intra_node_latency_s=NVLINK_ALPHA_S,
+    inter_node_bandwidth=_value("zero_paper_internode_bandwidth") * GBPS / 16, inter_node_latency_s=NETWORK_ALPHA_S,
+    hbm_bandwidth=_value("v100_hbm_bandwidth") * 1e9, pcie_bandwidth=PCIE3_X16,
+    host_memory_bandwidth=2 * _value("xeon_skylake_memory_channels") * _value("xeon_skylake_ddr4_rate") * 1e6 * 8,
+    host_memory_bytes=_value("dgx2_host_memory") * 1e12,
 )
-"""ZeRO §10.1: 25 DGX-2 nodes of 16 V100 with 800 Gbps inter-node bandwidth; §10.2: NVSwitch 300 GB/s per
-link (read here as both directions: 150 GB/s busbw); V100 125 TFLOP/s fp16 (38 TFLOP/s is "over 30% of the
-peak", §10.2); HBM 900 GB/s. 0.33 is Turing-NLG's sustained 41.4 TFLOP/s per GPU over that peak (§10.6)."""
+"""ZeRO §10.1: 25 DGX-2 nodes of 16 V100 with 800 Gbps inter-node bandwidth (read here as per node); §10.2:
+NVSwitch 300 GB/s per link (read here as both directions: NVLink 2's 150 GB/s one way); V100 125 TFLOP/s fp16;
+HBM 900 GB/s. The achieved fraction, 0.33, is Turing-NLG's sustained 41.4 TFLOP/s per GPU (§10.6) over that peak."""
 A100_400G = Machine(
     "A100 80GB ×8 per node, 400 Gb/s per node",
-    peak_tflops=312, achieved_fraction=0.57, gpus_per_node=8,
-    intra_node_bandwidth=300e9, intra_node_latency_s=NVLINK_ALPHA_S,
-    inter_node_bandwidth=400 * GBPS / 8, inter_node_latency_s=NETWORK_ALPHA_S, hbm_bandwidth=2.0e12,
-    pcie_bandwidth=PCIE4_X16, host_memory_bandwidth=2 * 8 * 3200e6 * 8, host_memory_bytes=1e12,
+    peak_tflops=_value("a100_bf16_peak_tflops"), achieved_fraction=_value("fsdp_7b_mfu_a100"), gpus_per_node=8,
+    intra_node_bandwidth=_value("nvlink3_unidirectional") * 1e9, intra_node_latency_s=NVLINK_ALPHA_S,
+    inter_node_bandwidth=_value("fsdp_a100_internode") * GBPS / 8, inter_node_latency_s=NETWORK_ALPHA_S,
+    hbm_bandwidth=_value("a100_80gb_hbm_bandwidth") * 1e12, pcie_bandwidth=PCIE4_X16,
+    host_memory_bandwidth=2 * _value("epyc_rome_socket_memory_bandwidth") * 1e9,
+    host_memory_bytes=_value("dgx_a100_80gb_host_memory") * 1e12,
 )
 """The A100 cluster of "Maximizing training throughput using PyTorch FSDP" (PyTorch blog, 2024-03-13):
 128 A100 80GB, 400 Gbps inter-node (read here as per node), 312 TFLOP/s bf16, 2.0 TB/s HBM; its 7B run's
-0.57 MFU = HFU is the achieved fraction. NVLink 3: 600 GB/s both ways, 300 GB/s busbw."""
+0.57 MFU = HFU is the achieved fraction. NVLink 3: 600 GB/s both ways, 300 GB/s busbw. Host: a DGX A100's."""
 H100_800G = Machine(
     "H100 80GB ×8 per node, 800 Gb/s per node",
-    peak_tflops=989, achieved_fraction=0.37, gpus_per_node=8,
-    intra_node_bandwidth=450e9, intra_node_latency_s=NVLINK_ALPHA_S,
-    inter_node_bandwidth=800 * GBPS / 8, inter_node_latency_s=NETWORK_ALPHA_S, hbm_bandwidth=3.35e12,
-    pcie_bandwidth=PCIE5_X16, host_memory_bandwidth=2 * 8 * 4800e6 * 8, host_memory_bytes=2e12,
+    peak_tflops=_value("h100_bf16_peak_tflops"), achieved_fraction=_value("fsdp_7b_mfu_h100"), gpus_per_node=8,
+    intra_node_bandwidth=_value("nvlink4_unidirectional_spec") * 1e9, intra_node_latency_s=NVLINK_ALPHA_S,
+    inter_node_bandwidth=_value("fsdp_h100_internode") * GBPS / 8, inter_node_latency_s=NETWORK_ALPHA_S,
+    hbm_bandwidth=_value("h100_hbm_bandwidth") * 1e12, pcie_bandwidth=PCIE5_X16,
+    host_memory_bandwidth=2 * _value("xeon_8480_memory_channels") * _value("xeon_4th_gen_ddr5_rate") * 1e6 * 8,
+    host_memory_bytes=_value("dgx_h100_host_memory") * 1e12,
 )
 """The H100 cluster of the same PyTorch blog post: 96 H100 80GB, 800 Gbps inter-node, 989 TFLOP/s bf16,
-3.35 TB/s HBM, the 7B run's 0.37 MFU = HFU. NVLink 4: 900 GB/s both ways, 450 GB/s busbw."""
+3.35 TB/s HBM, the 7B run's 0.37 MFU = HFU. NVLink 4: 900 GB/s both ways, 450 GB/s busbw. Host: a DGX H100's."""
 DGX_A100 = A100_400G.with_(
-    name="DGX A100: 8×A100, 8×200 Gb/s HDR InfiniBand", inter_node_bandwidth=200 * GBPS, achieved_fraction=0.5
+    name="DGX A100: 8×A100, 8×200 Gb/s HDR InfiniBand",
+    inter_node_bandwidth=_value("dgx_a100_compute_nic_rate") * GBPS,
+    achieved_fraction=_value("dgx_a100_achieved_fraction"),
 )
-"""NVIDIA DGX A100: one 200 Gb/s HDR InfiniBand NIC per GPU; 0.5 achieved fraction is a round assumption."""
+"""NVIDIA DGX A100: one 200 Gb/s HDR InfiniBand NIC per GPU; its achieved fraction (0.5) is an assumption."""
 DGX_H100 = H100_800G.with_(
-    name="DGX H100: 8×H100, 8×400 Gb/s NDR InfiniBand", inter_node_bandwidth=400 * GBPS, achieved_fraction=0.4
+    name="DGX H100: 8×H100, 8×400 Gb/s NDR InfiniBand",
+    inter_node_bandwidth=_value("dgx_h100_compute_nic_rate") * GBPS,
+    achieved_fraction=_value("dgx_h100_achieved_fraction"),
 )
-"""NVIDIA DGX H100: one 400 Gb/s NDR NIC per GPU; 0.4 achieved fraction is a round assumption."""
+"""NVIDIA DGX H100: one 400 Gb/s NDR NIC per GPU; its achieved fraction (0.4) is an assumption."""
 PRESETS = {m.name: m for m in (DGX2_V100, A100_400G, H100_800G, DGX_A100, DGX_H100)}
 MACHINES = {
     "dgx2-v100": DGX2_V100, "a100-400g": A100_400G, "h100-800g": H100_800G, "dgx-a100": DGX_A100, "dgx-h100": DGX_H100,
