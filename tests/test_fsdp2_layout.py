@@ -1,4 +1,4 @@
-"""`zero_core.fsdp2_layout`, lesson 7's FSDP2 run: it counts the collectives FSDP2 calls, and its ranks report
+"""`zero_core.fsdp2_layout`, lesson 8's FSDP2 run: it counts the collectives FSDP2 calls, and its ranks report
 FSDP2's own shards, what each rank holds, and one step's collectives."""
 
 from __future__ import annotations

@@ -184,6 +184,35 @@ def test_lesson_has_goals_inline_plots_folded_answers_and_a_summary(path: Path) 
     assert "## Summary" in markdown, f"{path.name}: needs a summary"
 
 
+@pytest.mark.parametrize("path", LESSONS, ids=[p.stem for p in LESSONS])
+def test_lesson_asks_for_a_prediction_that_the_next_cell_measures(path: Path) -> None:
+    """A '**Predict before you run.**' question, the code cell that measures it, then its answer in a fold."""
+    cells = nbformat.read(path, as_version=4).cells
+    blocks = [
+        index
+        for index, cell in enumerate(cells[:-2])
+        if cell.cell_type == "markdown" and "**Predict before you run.**" in cell.source
+        and cells[index + 1].cell_type == "code"
+        and cells[index + 2].cell_type == "markdown" and "<details><summary>Answer</summary>" in cells[index + 2].source
+    ]
+    assert blocks, (
+        f"{path.name}: ask one question as '**Predict before you run.**', then the code cell that measures it, "
+        "then a markdown cell with its answer in <details><summary>Answer</summary>"
+    )
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=[p.stem for p in LESSONS])
+def test_every_question_has_its_own_answer_fold(path: Path) -> None:
+    cells = nbformat.read(path, as_version=4).cells
+    markdown = "\n".join(cell.source for cell in cells if cell.cell_type == "markdown")
+    section = markdown.split("## Check your understanding", 1)[1].split("## Summary", 1)[0]
+    questions = re.split(r"^\*\*\d+\.\*\*", section, flags=re.M)[1:]
+    assert questions, f"{path.name}: number the questions **1.**, **2.**, ..."
+    for number, question in enumerate(questions, 1):
+        folds = question.count("<details><summary>Answer</summary>")
+        assert folds == 1, f"{path.name}: question {number} has {folds} answer folds; give each question its own"
+
+
 @pytest.mark.parametrize("path", committed_notebooks(), ids=[str(p.relative_to(ROOT)) for p in committed_notebooks()])
 def test_notebook_is_committed_with_outputs_stripped(path: Path) -> None:
     nb = nbformat.read(path, as_version=4)

@@ -30,6 +30,7 @@ from zero_core.configurations import (
     collectives,
     shard_group_size,
 )
+from zero_core.facts import fact
 from zero_core.time_model import (
     ADAM_BYTES_PER_PARAM,
     Layer,
@@ -41,9 +42,10 @@ from zero_core.time_model import (
     transformer_layers,
 )
 
-DEFAULT_LAYERS = 80
-DEFAULT_SEQ_LEN = 4096
-DEFAULT_VOCAB = 32000
+DEFAULT_LAYERS = int(fact("planner_default_layers").value)
+DEFAULT_SEQ_LEN = int(fact("planner_default_sequence").value)
+DEFAULT_VOCAB = int(fact("planner_default_vocabulary").value)
+"""The shape a step time assumes when only Ψ is given: assumptions, each with its reason in the facts file."""
 
 
 def model_layers(

@@ -1,10 +1,11 @@
 """The ZeRO paper's arithmetic: model-state bytes per GPU, bytes on the wire, and Tables 1 and 2.
 
 Every number a lesson quotes from Rajbhandari et al. (arXiv:1910.02054) is computed here, from the
-formula, next to what the paper printed. Ψ (`psi`) is the parameter count, N (`n_gpus`) the
-data-parallel degree, K the optimizer's bytes per parameter (12 for mixed-precision Adam: fp32 master
-weights, momentum and variance). Pure Python, so the planner runs without torch. DeepSpeed's own
-estimators, which differ from the paper, live in `zero_core.deepspeed_estimators`.
+formula, next to what the paper printed (read from `zero_core/data/facts.toml`, beside its quote).
+Ψ (`psi`) is the parameter count, N (`n_gpus`) the data-parallel degree, K the optimizer's bytes per
+parameter (12 for mixed-precision Adam: fp32 master weights, momentum and variance). Pure Python, so the
+planner runs without torch. DeepSpeed's own estimators, which differ from the paper, live in
+`zero_core.deepspeed_estimators`.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from zero_core.facts import fact
 from zero_core.units import GB, parse_count
 
 STAGES = (0, 1, 2, 3)
@@ -234,18 +236,13 @@ class PaperCell:
 
 
 TABLE1_COLUMNS = ("P_os", "P_os+g", "P_os+g+p")
-_TABLE1_PRINTED_GB = {
-    "7.5B": (
-        "120 120 120", "52.5 41.3 30", "35.6 21.6 7.5",
-        "31.4 16.6 1.88", "30.4 15.4 0.47", "30.1 15.1 0.12",
-    ),
-    "128B": ("2048 2048 2048", "896 704 512", "608 368 128", "536 284 32", "518 263 8", "513 257 2"),
-    "1T": (
-        "16000 16000 16000", "7000 5500 4000", "4750 2875 1000",
-        "4187 2218 250", "4046 2054 62.5", "4011 2013 15.6",
-    ),
-}
 TABLE1_N_GPUS = (1, 4, 16, 64, 256, 1024)
+TABLE1_MODELS = ("7.5B", "128B", "1T")
+
+
+def table1_printed(model: str, n_gpus: int) -> tuple[str, ...]:
+    """The paper's printed cells of Table 1's row for `model` at N_d = `n_gpus` (the facts file, with its quote)."""
+    return fact(f"zero_paper_table1_{model.lower().replace('.', '_')}_nd_{n_gpus}").printed
 
 
 @dataclass(frozen=True)
@@ -266,26 +263,20 @@ class Table1Row:
 def table1() -> list[Table1Row]:
     """ZeRO §5, Table 1, recomputed: the 7.5B cells are rounded, the 128B and 1T cells mostly truncated."""
     rows = []
-    for model, printed_rows in _TABLE1_PRINTED_GB.items():
+    for model in TABLE1_MODELS:
         psi = parse_count(model)
-        for n_gpus, printed_row in zip(TABLE1_N_GPUS, printed_rows, strict=True):
+        for n_gpus in TABLE1_N_GPUS:
             cells = tuple(
                 PaperCell(model_state_bytes(stage, psi, n_gpus) / GB, printed)
-                for stage, printed in zip((1, 2, 3), printed_row.split(), strict=True)
+                for stage, printed in zip((1, 2, 3), table1_printed(model, n_gpus), strict=True)
             )
             rows.append(Table1Row(model, psi, n_gpus, model_state_bytes(0, psi, n_gpus) / GB, cells))
     return rows
 
 
 TABLE2_COLUMNS = ("Baseline", "P_os", "P_os+g", "P_os+g+p")
-_TABLE2_PRINTED = {
-    1: "2B 7.6B 14.4B 128B",
-    2: "4B 15.2B 28.8B 256B",
-    4: "8B 30.4B 57.6B 0.5T",
-    8: "16B 60.8B 115.2B 1T",
-    16: "32B 121.6B 230.4B 2T",
-}
-TABLE2_GPU_MEMORY_BYTES = 32 * GB
+TABLE2_MODEL_PARALLEL = (1, 2, 4, 8, 16)
+TABLE2_GPU_MEMORY_BYTES = fact("v100_memory").value * GB
 TABLE2_DP_GPUS = 64
 
 
@@ -305,7 +296,8 @@ class Table2Row:
 def table2() -> list[Table2Row]:
     """ZeRO Table 2 (its theoretical columns): baseline 2B, P_os 7.6B, P_os+g 14.4B, P_os+g+p 128B at MP 1."""
     rows = []
-    for model_parallel, printed_row in _TABLE2_PRINTED.items():
+    for model_parallel in TABLE2_MODEL_PARALLEL:
+        printed_row = fact(f"zero_paper_table2_mp_{model_parallel}").printed
         cells = tuple(
             PaperCell(
                 largest_model_params(
@@ -313,7 +305,7 @@ def table2() -> list[Table2Row]:
                 ),
                 printed,
             )
-            for stage, printed in zip(STAGES, printed_row.split(), strict=True)
+            for stage, printed in zip(STAGES, printed_row, strict=True)
         )
         rows.append(Table2Row(model_parallel, model_parallel * TABLE2_DP_GPUS, cells))
     return rows

@@ -1,6 +1,6 @@
 """Ask FSDP2 itself how it shards the micro GPT: real processes, one training step, each rank's own report.
 
-Lesson 7 works out, from PyTorch's documentation and source, which elements of every parameter each rank holds
+Lesson 8 works out, from PyTorch's documentation and source, which elements of every parameter each rank holds
 under FSDP2 (`torch.chunk` along dim 0, each shard padded to the size of chunk 0). This module checks that
 reading against FSDP2 itself. It starts `world_size` processes on gloo (FSDP2 runs on the CPU with gloo from
 torch 2.9 on), applies `fully_shard` to the micro GPT layer by layer, as `benchmarks/crosscheck_pytorch.py`

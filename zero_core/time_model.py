@@ -110,7 +110,7 @@ NVLINK_ALPHA_S = ring_alpha(_SMALLEST.value * 1e9, _SMALLEST.bytes, 8, fact("nvl
 """Per-step latency inside a node: fitted to the smallest all-reduce of an 8×H200 node (32 KiB, 1.44 GB/s
 busbw, `zero_core/data/facts.toml`) with B the NVLink 4 spec, 450 GB/s; about 2.8 µs. Assumed for the other
 presets' NVLink too (no source measures theirs here). NCCL runs that size as a ring with its LL protocol, as
-the model does; lesson 8 shows the model's error at the larger sizes, where NCCL switches algorithm."""
+the model does; lesson 9 shows the model's error at the larger sizes, where NCCL switches algorithm."""
 NETWORK_ALPHA_S = fact("network_step_latency").value / 1e6
 """Per-step latency across nodes: an assumption (no source here), visible only for messages under ~1 MB."""
 def _value(name: str) -> float:

@@ -1,7 +1,7 @@
 """`compare`'s predicted step times: each measured stage's schedule on a named machine.
 
 The virtual cluster measures bytes and memory, not a GPU's seconds. The time model does the seconds
-(`zero_core.time_model`, lesson 8): each stage runs its configuration's collectives (`STAGE_CONFIGURATIONS`)
+(`zero_core.time_model`, lesson 9): each stage runs its configuration's collectives (`STAGE_CONFIGURATIONS`)
 on a compute, a network and a PCIe stream, with the overlap its schedule allows, on `--machine` with the run's
 N and nodes of G. Twice: for the run's own model (its layers and measured FLOPs; so small that every
 collective is latency), and for a GPT of `--predict-params` parameters at `--tokens-per-gpu`, where
