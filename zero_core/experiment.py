@@ -34,7 +34,7 @@ PHASES = ("forward", "backward", "grad_sync", "optimizer")
 
 @dataclass
 class StageReport:
-    """Everything measured about one stage's run. `to_dict()` is the JSON schema documented in the README."""
+    """Everything measured about one stage's run. `to_dict()` is the JSON schema documented in docs/report-schema.md."""
 
     stage: int | str
     world_size: int

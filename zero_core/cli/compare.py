@@ -68,7 +68,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         f"(default: one per core, at most one per stage, from --world-size {SMALLEST_WORLD_FOR_WORKERS} on; "
         "1: one after another in this process)",
     )
-    p.add_argument("--json", metavar="PATH", help="also write every measurement as JSON (schema in README)")
+    p.add_argument("--json", metavar="PATH", help="also write every measurement as JSON (docs/report-schema.md)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--plots", metavar="DIR", help="also write the figures as PNGs into DIR (created if missing)")
     p.add_argument("--trace", metavar="PATH", help="also write the last step as a Chrome trace (open in Perfetto)")
