@@ -16,12 +16,15 @@ ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
 # Bounds for one notebook in the batch grader: a correct one takes seconds, a looping one costs these.
 GRADE_LIMITS := --time-limit 120 --check-time-limit 30
 
+comma := ,
+space := $(subst ,, )
+
 # The oldest torch the package accepts (pyproject.toml), and what must work on it: the real backend.
 OLDEST_TORCH := 2.6.0
 OLDEST_VENV := .venv-oldest-torch
 OLDEST_TORCH_TESTS := tests/test_torch_backend.py tests/test_launch.py tests/test_dist.py
 
-.PHONY: demo test test-oldest-torch lint lab release student-release autograde feedback grade bench clean
+.PHONY: demo test test-oldest-torch lint lab release student-release autograde scores feedback grade bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11 or newer is needed (found " + sys.version.split()[0] + "); set PYTHON=python3.11")'
@@ -76,10 +79,21 @@ student-release: $(STAMP)
 	@test -n "$(ASSIGNMENT)" || { echo "name the assignment: make student-release ASSIGNMENT=ex02_zero1_sharded_adam"; exit 2; }
 	$(PY) -m autograder student-release $(ASSIGNMENT) $(OUT)
 
+# nbgrader's log goes to out/autograde.log (its last lines are shown if it fails); the scores end the run.
 autograde: release
-	for a in $(ASSIGNMENTS); do \
-		if ls out/submitted/*/$$a/$$a.ipynb > /dev/null 2>&1; then $(NBGRADER) autograde $$a || exit 1; fi; \
+	@mkdir -p out && : > out/autograde.log
+	@for a in $(ASSIGNMENTS); do \
+		if ls out/submitted/*/$$a/$$a.ipynb > /dev/null 2>&1; then \
+			echo "autograding $$a (nbgrader's log: out/autograde.log)"; \
+			$(NBGRADER) autograde $$a >> out/autograde.log 2>&1 || { tail -n 30 out/autograde.log; exit 1; }; \
+		fi; \
 	done
+	@$(MAKE) --no-print-directory scores
+
+# nbgrader's gradebook as one table: a row per student, a column per assignment handed in (or ASSIGNMENTS=...).
+scores: $(STAMP)
+	@$(PY) -m autograder scores $(if $(filter command line environment,$(origin ASSIGNMENTS)),\
+		--assignments $(subst $(space),$(comma),$(strip $(ASSIGNMENTS))))
 
 feedback: $(STAMP)
 	for a in $(ASSIGNMENTS); do \
@@ -88,8 +102,6 @@ feedback: $(STAMP)
 
 # ASSIGNMENTS="ex01_collectives ex02_zero1_sharded_adam" limits this target (and release, autograde, feedback) to the
 # assignments set so far: the CSV and the feedback then list those only.
-comma := ,
-space := $(subst ,, )
 grade: $(STAMP)
 	$(PY) -I -m autograder grade out/submitted --out out/grades.csv --feedback out/autograder-feedback \
 		--assignments $(subst $(space),$(comma),$(strip $(ASSIGNMENTS))) $(GRADE_LIMITS)

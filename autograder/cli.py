@@ -25,6 +25,9 @@ starts itself again so when it was not): nothing from `PYTHONPATH` or a user sit
 holds the signing key; and it refuses a venv or course folder that any user may write.
 
 student-release: the folder a class's students receive for one assignment (`autograder.student_release`).
+
+scores: nbgrader's gradebook (`make autograde` fills it) as one table, a row per student, a column per
+assignment (`autograder.gradebook_scores`).
 """
 
 from __future__ import annotations
@@ -350,7 +353,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="run: save the lessons with their outputs (default; minutes); copy: as they are, without outputs",
     )
     release.set_defaults(run=run_student_release_command)
+    scores = commands.add_parser("scores", help="nbgrader's gradebook: points per student and assignment")
+    scores.add_argument("--db", default=str(ROOT / "gradebook.db"), help="the gradebook (default: gradebook.db)")
+    scores.add_argument("--assignments", help="comma-separated assignments to show (default: those anyone handed in)")
+    scores.set_defaults(run=run_scores_command)
     return parser
+
+
+def run_scores_command(args: argparse.Namespace) -> int:
+    from autograder.gradebook_scores import scores_text
+
+    assignments = [a for a in (args.assignments or "").split(",") if a] or None
+    try:
+        print(scores_text(Path(args.db), assignments))
+    except (FileNotFoundError, KeyError) as error:
+        raise UsageError(str(error).strip("'\"")) from None
+    return 0
 
 
 def run_student_release_command(args: argparse.Namespace) -> int:

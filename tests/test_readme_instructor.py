@@ -36,9 +36,12 @@ def readme_commands(heading: str) -> list[str]:
 
 
 def test_the_self_study_check_command_grades_the_released_notebook_as_the_readme_says() -> None:
-    commands = readme_commands("Self-study")
-    assert commands[0] == "make lab"  # served and read in test_make_lab_serves_..., below
-    done = subprocess.run(commands[1], shell=True, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    (command,) = readme_commands("Self-study")
+    assert command.startswith("python -m autograder check ")
+    # As in a terminal of the lab: `make lab` puts the venv's bin first on PATH (test_make_lab_serves_..., below).
+    path = os.pathsep.join([str(ROOT / ".venv" / "bin"), os.environ["PATH"]])
+    env = {**os.environ, "PATH": path}
+    done = subprocess.run(command, shell=True, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 1, done.stderr  # graded, points lost: as the README says
     assert done.stdout.splitlines()[-1] == "total: 0/10 points"
 
@@ -65,6 +68,12 @@ def test_the_instructor_commands_grade_a_class_as_the_readme_says(tmp_path: Path
     for command in commands:
         done = subprocess.run(command, shell=True, cwd=course, env=env, capture_output=True, text=True, timeout=400)
         assert done.returncode == 0, f"{command}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+        if command == "make autograde":  # nbgrader's log in a file, the gradebook's scores on the screen
+            assert "[AutogradeApp]" not in done.stdout + done.stderr
+            assert "AutogradeApp" in (course / "out" / "autograde.log").read_text()
+            shown = {line.split()[0]: line.split()[-1] for line in done.stdout.splitlines()
+                     if line.split() and line.split()[0] in ("alice", "bob", "lenny")}
+            assert shown == {"alice": "10/10", "bob": "2/10", "lenny": "0/10"}, done.stdout
     seconds = time.perf_counter() - started
 
     with sqlite3.connect(course / "gradebook.db") as db:
