@@ -6,7 +6,8 @@ stage with it, with a bucket size B per world size (`BUCKET_BYTES` for the visib
 time for the hidden ones: `draw_bucket_bytes`), and judge four things, each from what the course's code
 observed, never from what the student's code reports:
 
-- values: the training, within the fp32 oracle's rounding (`StageExercise.judge_training`);
+- values: the training, within the fp32 oracle's rounding (`StageExercise.judge_training`); right values in
+  wrong places are named as a bucket layout problem (`bucket_layout_cause`);
 - memory: every bucket registered and at most B bytes, no full gradient kept, nothing left behind;
 - communication: the reference's all-gathers, and as few reduce-scatters as buckets of at most B bytes
   allow, each at most B bytes, carrying every layer's gradient once;
@@ -31,8 +32,10 @@ from autograder.verdicts import (
     ACTIVATIONS_ADVICE,
     GRAD_ADVICE,
     SCALAR_BYTES,
+    Tolerance,
     check_no_stray_gradients,
     compare_peaks,
+    misplaced_elements,
     registrations,
 )
 from zero_core import comm, memory, schedule
@@ -136,6 +139,22 @@ def check_nothing_kept_between_layers(run: Run, reference: Run, rank: int, label
             )
 
 
+def bucket_layout_cause(run: Run, reference: Run, tolerance: Tolerance) -> str | None:
+    """A training that differs because the gradient values are right but land in the wrong places: what
+    rank r gave Adam is made of the reference's averaged gradient elements taken from elsewhere (another
+    layer, another rank's chunk), which a bucket whose layers are not laid out as the reduce-scatter splits it
+    gives (`verdicts.misplaced_elements`). None for a training that differs otherwise."""
+    misplaced = misplaced_elements(run, reference, tolerance)
+    if misplaced is None:
+        return None
+    return (
+        f"the bucket's elements are not where the reference puts them: {misplaced.describe()}. Check the bucket "
+        "layout (order and offsets of the layers in the flat bucket): a reduce-scatter hands rank r the r-th "
+        "N-th of the bucket, so that N-th must hold rank r's chunk of every layer of the bucket, each at the "
+        "same offset on every rank, and the results must be read back from those offsets."
+    )
+
+
 def compare_bucketed_collectives(run: Run, reference: Run, label: str, limit: int) -> None:
     """The reference's collectives but the reduce-scatters; those: the fewest buckets of at most B = `limit`
     bytes (the communication checks run in bf16), together carrying every layer's padded gradient once."""
@@ -208,6 +227,7 @@ EXERCISE = StageExercise(
     communication_summary="the fewest reduce-scatters buckets of at most B bytes allow, each layer's gradient once; "
     "the reference's all-gathers",
     forbidden=FORBIDDEN,
+    likely_cause=bucket_layout_cause,
     setting=Setting(
         "bucket_bytes",
         default=BUCKET_BYTES.__getitem__,

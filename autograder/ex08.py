@@ -10,7 +10,8 @@ per world size (`ACCUMULATION` for the visible checks, drawn at grading time for
 `draw_accumulation`), and judge, each from what the course's code observed:
 
 - values: losses, the clipped gradient given to Adam and the fp32 masters, within the rounding of the fp32
-  single-device oracle that accumulates and clips with `clip_grad_norm_` (`zero_core.oracle`);
+  single-device oracle that accumulates and clips with `clip_grad_norm_` (`zero_core.oracle`); a gradient
+  that is what an overwritten shard or a rank-local norm gives is named as such (`likely_cause`);
 - memory: only the shards hold gradients between micro-batches (no category above the reference's peak),
   k registered buckets per layer and step, each released, nothing left behind;
 - communication: k reduce-scatters per layer and step, the all-gathers, and one collective of a few bytes
@@ -248,6 +249,119 @@ def oracle_run(
     return recorded.outcome("oracle", key, make, recorded.oracle_to_data, recorded.oracle_from_data)
 
 
+MicroGradients = list[dict[str, torch.Tensor]]
+
+
+def micro_batch_gradients(world_size: int, micro_steps: int) -> MicroGradients:
+    """What each of step 0's k micro-batches adds to the accumulated gradient, per layer (flattened as the
+    oracle's): the gradient of micro-batch j's loss divided by k (as the stage scales it), averaged over the
+    ranks, at the initial weights, on one device in fp32. Their sum is step 0's gradient before clipping.
+    Made here, by the judge, for `likely_cause`: a few milliseconds, so not cached, and so always recorded
+    when a student release is built (`student_release.record_references`)."""
+
+    def make() -> MicroGradients:
+        from zero_core.model import build_model, global_batch, loss_fn, parameter_layers
+        from zero_core.partition import flatten
+        from zero_core.stages.zero2_accumulating import accumulation_data_step
+
+        config = TRAINING_CONFIG
+        model = build_model(config.model, config.seed)
+        gradients = []
+        for micro_step in range(micro_steps):
+            data_step = accumulation_data_step(0, micro_step, micro_steps)
+            inputs, targets = global_batch(config.model, world_size, data_step, config.seed)
+            model.zero_grad(set_to_none=True)
+            (loss_fn(model(inputs), targets) / micro_steps).backward()
+            gradients.append(
+                {name: flatten([p.grad.detach() for p in module.parameters()]).clone()
+                 for name, module in parameter_layers(model)}
+            )
+        return gradients
+
+    def encode(gradients: MicroGradients) -> list:
+        return [{layer: recorded.tensor_to_data(g) for layer, g in micro.items()} for micro in gradients]
+
+    def decode(data: list) -> MicroGradients:
+        return [{layer: recorded.tensor_from_data(g) for layer, g in micro.items()} for micro in data]
+
+    return recorded.outcome("micro gradients", (world_size, micro_steps), make, encode, decode)
+
+
+CLIP_EPS = 1e-6
+"""What `torch.nn.utils.clip_grad_norm_` adds to the norm before dividing."""
+CAUSE_RESOLUTION = 1e-3
+"""How close (relative to its norm) a rank's gradient must be to what a mistake gives for `likely_cause` to
+name that mistake: far above fp32 rounding, far below the difference between the mistakes and the answer."""
+
+
+def _owned(full: dict[str, torch.Tensor], run: Run, rank: int) -> torch.Tensor:
+    """Rank `rank`'s owned slices of every layer of `full`, concatenated in the layers' order, in fp64."""
+    pieces = [full[layer][slice(*partition.owned_range(rank))] for layer, partition in run.partitions.items()]
+    return torch.cat(pieces).double()
+
+
+def _given_to_adam(run: Run, rank: int, step: int) -> torch.Tensor | None:
+    """What rank `rank` gave Adam at `step`, every layer's owned slice concatenated, in fp64; None if some is
+    missing or not the owned slice's size."""
+    pieces = []
+    for layer, partition in run.partitions.items():
+        grad = run.ranks[rank].adam_grads.get((layer, step))
+        if grad is None or grad.numel() != partition.owned_numel(rank):
+            return None
+        pieces.append(grad)
+    return torch.cat(pieces).double()
+
+
+def _near(got: torch.Tensor, expected: torch.Tensor) -> bool:
+    return float((got - expected).norm()) <= CAUSE_RESOLUTION * max(float(expected.norm()), 1e-12)
+
+
+def _scaled_copy(got: torch.Tensor, of: torch.Tensor) -> bool:
+    """Whether `got` is c·`of` for some c > 0 (a clip coefficient, whichever), up to `CAUSE_RESOLUTION`."""
+    norm = float(of @ of)
+    if norm == 0:
+        return float(got.norm()) == 0
+    factor = float(got @ of) / norm
+    return factor > 0 and _near(got, factor * of)
+
+
+def _clipped(grad: torch.Tensor, max_norm: float) -> torch.Tensor:
+    """`grad` scaled as clip_grad_norm_ scales a gradient whose whole norm is `grad`'s."""
+    return grad * min(1.0, max_norm / (float(grad.norm()) + CLIP_EPS))
+
+
+def likely_cause(run: Run, accumulation: Accumulation, micro: MicroGradients) -> str | None:
+    """The mistake the step-0 gradient the ranks gave Adam looks like, told by comparing it with what each
+    mistake gives, computed here from the micro-batches' gradients (`micro_batch_gradients`), never from the
+    student's code: a shard overwritten by each micro-batch (every rank's gradient a positive multiple of the
+    last micro-batch's, whatever clipped it), or clipping by a norm of the rank's own slices (every rank's
+    gradient its slices clipped by their own norm, where that differs from clipping by the model's). None if
+    it looks like neither."""
+    k, max_norm = accumulation
+    given = [_given_to_adam(run, rank, 0) for rank in range(run.world_size)]
+    if any(g is None for g in given):
+        return None
+    last = [_owned(micro[-1], run, rank) for rank in range(run.world_size)]
+    if k > 1 and all(_scaled_copy(g, of) for g, of in zip(given, last, strict=True)):
+        return (
+            f"after k = {k} micro-batches the shard equals the last micro-batch's gradient (up to the clip "
+            "coefficient): it looks overwritten instead of accumulated (+=). A reduce-scatter writes its output, "
+            "it does not add to it: reduce each micro-batch into a buffer of your own, then add that into shard.grad."
+        )
+    total = {layer: sum(m[layer] for m in micro) for layer in micro[0]}
+    unclipped = [_owned(total, run, rank) for rank in range(run.world_size)]
+    whole = _clipped(torch.cat(unclipped), max_norm)
+    local = [_clipped(g, max_norm) for g in unclipped]
+    if not _near(torch.cat(local), whole) and all(_near(g, e) for g, e in zip(given, local, strict=True)):
+        return (
+            "at step 0 each rank's clipped gradient is its own slices scaled by max_norm / (the norm of those "
+            "slices alone): a norm computed from this rank's shard only (not all-reduced) clips by the wrong "
+            "factor. Sum the squares of the rank's elements, all-reduce that sum over the ranks (op=SUM), then take "
+            "its square root: every rank then clips by the model's norm, with the same coefficient."
+        )
+    return None
+
+
 def clipped_steps(world_size: int, accumulation: Accumulation) -> int:
     """How many of the graded steps clip: those whose oracle gradient, clipped, has norm max_norm."""
     gradients = oracle_run(world_size, accumulation)[2]
@@ -276,15 +390,19 @@ def judge_training(observation: Any, world_sizes: list[int], **given: Any) -> st
     for label, run, reference, accumulation in EXERCISE.runs(observation, world_sizes, TRAINING_CONFIG, **given):
         tolerance = tolerance_from_oracle(reference, *oracle_run(run.world_size, accumulation))
         clipped += clipped_steps(run.world_size, accumulation)
+        micro = micro_batch_gradients(run.world_size, accumulation.micro_steps)  # made (and recorded) every time
         try:
-            compare_training(run, reference, label, tolerance)
+            compare_training(run, reference, label, tolerance, gradient="clipped gradient")
         except CheckFailed as failure:
+            cause = likely_cause(run, accumulation, micro)
+            if cause is not None:
+                raise CheckFailed(f"{failure}\n  likely cause: {cause}") from None
             factor = uniform_factor(run, reference)
             if factor is None:
                 raise
             raise CheckFailed(
-                f"{failure}\n  at step 0 the whole model's gradient given to Adam is {factor:.4g} times the "
-                "reference's, one factor for every element: look at the clip coefficient (the norm over every "
+                f"{failure}\n  at step 0 the whole model's clipped gradient given to Adam is {factor:.4g} times "
+                "the reference's, one factor for every element: look at the clip coefficient (the norm over every "
                 "rank's elements, each once; at most 1) and at any scaling of the accumulated gradient."
             ) from None
     steps = STEPS * len(world_sizes)

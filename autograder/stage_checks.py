@@ -38,6 +38,7 @@ from autograder.integrity import REFERENCE_MODULES, require_own_code
 from autograder.recorded import identity
 from autograder.records import Run, require_course_records, run_from_data, run_to_data, runs_asked, well_formed
 from autograder.verdicts import (
+    Tolerance,
     bit_identical,
     check_nothing_left_behind,
     check_own_collectives,
@@ -120,6 +121,9 @@ class StageExercise:
     forbidden: tuple[str, ...] = REFERENCE_MODULES
     setting: Setting | None = None
     hidden_world_sizes: Callable[[random.Random], list[int]] = draw_world_sizes
+    likely_cause: Callable[[Run, Run, Tolerance], str | None] | None = None
+    """cause(run, reference, tolerance) of a training that differs: the mistake of the exercise the run looks
+    like, told from the run's values and the reference's (never from the student's source), or None."""
 
     def settings(self, world_sizes: list[int], given: dict[str, Any]) -> dict[int, Any]:
         """{N: its setting}: the check's (`given`, under the setting's name), else the defaults; None each
@@ -244,7 +248,13 @@ class StageExercise:
         exact = []
         for label, run, reference, _ in self.runs(observation, world_sizes, TRAINING_CONFIG, **given):
             tolerance = tolerance_from_oracle(reference, *oracle_run(run.world_size))
-            compare_training(run, reference, label, tolerance)
+            try:
+                compare_training(run, reference, label, tolerance)
+            except CheckFailed as failure:
+                cause = self.likely_cause(run, reference, tolerance) if self.likely_cause else None
+                if cause is None:
+                    raise
+                raise CheckFailed(f"{failure}\n  likely cause: {cause}") from None
             exact.append(f"{run.world_size}: {'yes' if bit_identical(run, reference) else 'no'}")
         return (
             f"{self.sizes(world_sizes, **given)}, {STEPS} steps: every loss, averaged gradient and fp32 master "

@@ -109,8 +109,11 @@ def _first_master_difference(run: Run, reference: Run, tolerance: Tolerance) -> 
     return None
 
 
-def _diagnose_gradients(run: Run, reference: Run, tolerance: Tolerance) -> str | None:
-    """The first (step, layer, rank) whose gradient given to Adam is beyond the tolerance, explained."""
+def _diagnose_gradients(
+    run: Run, reference: Run, tolerance: Tolerance, gradient: str = "averaged gradient"
+) -> str | None:
+    """The first (step, layer, rank) whose gradient given to Adam is beyond the tolerance, explained;
+    `gradient` is what the message calls the value compared (ex08's is the clipped gradient)."""
     n = run.world_size
     for step in range(run.steps):
         for layer, partition in run.partitions.items():
@@ -156,18 +159,21 @@ def _diagnose_gradients(run: Run, reference: Run, tolerance: Tolerance) -> str |
                     else ""
                 )
                 return (
-                    f"{where}: the averaged gradient differs from the reference's by {_max_delta(got, want):.3g}, "
+                    f"{where}: the {gradient} differs from the reference's by {_max_delta(got, want):.3g}, "
                     f"beyond rounding ({close:.2g}){later}"
                 )
     return None
 
 
-def compare_training(run: Run, reference: Run, what: str, tolerance: Tolerance) -> None:
+def compare_training(
+    run: Run, reference: Run, what: str, tolerance: Tolerance, gradient: str = "averaged gradient"
+) -> None:
     """Losses of every rank and step, the averaged gradient each rank gives Adam, and the fp32 master
-    weights must be the reference's up to rounding (`Tolerance`): any correct formulation passes."""
+    weights must be the reference's up to rounding (`Tolerance`): any correct formulation passes. `gradient`
+    is what the messages call the gradient given to Adam (the "clipped gradient" where the stage clips)."""
     loss = _first_loss_difference(run, reference, tolerance)
     master = _first_master_difference(run, reference, tolerance)
-    diagnosis = None if loss and loss[0] == 0 else _diagnose_gradients(run, reference, tolerance)
+    diagnosis = None if loss and loss[0] == 0 else _diagnose_gradients(run, reference, tolerance, gradient)
     if loss is None and master is None and diagnosis is None:
         return
     lines = [
@@ -186,6 +192,91 @@ def compare_training(run: Run, reference: Run, what: str, tolerance: Tolerance) 
             "into the parameters"
         )
     raise CheckFailed("\n".join(lines))
+
+
+MAX_PIECES = 8
+"""`misplaced_elements` explains a gradient made of at most this many runs of the reference's elements."""
+MAX_STARTS = 64
+"""Where a run may start: the first this many places that hold the value (padding zeros repeat)."""
+
+
+@dataclass(frozen=True)
+class Misplaced:
+    """A rank's gradient of a layer whose values are the reference's, taken from other places: `pieces` are
+    (layer, start, end) of the reference's padded flat gradients, in the order the rank's gradient holds them."""
+
+    step: int
+    layer: str
+    rank: int
+    pieces: tuple[tuple[str, int, int], ...]
+
+    def describe(self) -> str:
+        listed = ", ".join(f"elements [{start:,}, {end:,}) of {layer}" for layer, start, end in self.pieces[:3])
+        more = f" and {len(self.pieces) - 3} more run(s)" if len(self.pieces) > 3 else ""
+        return (
+            f"at step {self.step}, what rank {self.rank} gave Adam for {self.layer} is the reference's averaged "
+            f"gradient {listed}{more}: values that belong elsewhere"
+        )
+
+
+def misplaced_elements(run: Run, reference: Run, tolerance: Tolerance, step: int = 0) -> Misplaced | None:
+    """The first (layer, rank) of `step` whose gradient given to Adam is beyond the tolerance, if it is made of
+    a few runs of the reference's gradient elements (any layer's, its padding as zeros) taken from elsewhere:
+    a layout that puts elements where the reference does not. None if that gradient is anything else."""
+    close = max(tolerance.grad.values())
+    pool, owners = [], []
+    for layer, partition in reference.partitions.items():
+        full = reference.averaged_gradient(layer, step)
+        if full is None:
+            return None
+        pool.append(torch.cat([full, full.new_zeros(partition.padded_numel - full.numel())]))
+        owners.append((layer, partition.padded_numel))
+    flat = torch.cat(pool).double()
+    for layer, partition in run.partitions.items():
+        want = reference.averaged_gradient(layer, step)
+        for rank, record in enumerate(run.ranks):
+            start, end = partition.owned_range(rank)
+            got = record.adam_grads.get((layer, step))
+            if end == start or got is None or want is None or got.numel() != end - start:
+                continue
+            if _max_delta(got, want[start:end]) <= tolerance.grad[layer]:
+                continue
+            pieces = _runs_of(got.double(), flat, close)
+            if pieces is None:
+                return None
+            return Misplaced(step, layer, rank, tuple(p for piece in pieces for p in _located(piece, owners)))
+    return None
+
+
+def _runs_of(got: torch.Tensor, pool: torch.Tensor, close: float) -> list[tuple[int, int]] | None:
+    """`got` as consecutive runs [start, end) of `pool` (each value within `close`), longest first at each
+    place; None if some value is nowhere in `pool` or it takes more than `MAX_PIECES` runs."""
+    pieces: list[tuple[int, int]] = []
+    i = 0
+    while i < got.numel():
+        starts = torch.nonzero((pool - got[i]).abs() <= close).flatten()[:MAX_STARTS].tolist()
+        best = (0, 0)
+        for start in starts:
+            length = min(got.numel() - i, pool.numel() - start)
+            off = (pool[start : start + length] - got[i : i + length]).abs() > close
+            matched = int(torch.nonzero(off).flatten()[0]) if bool(off.any()) else length
+            best = max(best, (matched, start))
+        if best[0] == 0 or len(pieces) == MAX_PIECES:
+            return None
+        pieces.append((best[1], best[1] + best[0]))
+        i += best[0]
+    return pieces
+
+
+def _located(piece: tuple[int, int], owners: list[tuple[str, int]]) -> list[tuple[str, int, int]]:
+    """A run [start, end) of the pool as (layer, start, end) of each layer it covers, in order."""
+    start, end = piece
+    located = []
+    for layer, numel in owners:
+        if start < numel and end > 0:
+            located.append((layer, max(start, 0), min(end, numel)))
+        start, end = start - numel, end - numel
+    return located
 
 
 def bit_identical(run: Run, reference: Run) -> bool:

@@ -14,6 +14,7 @@ from autograder import ex05
 from autograder.checks import CheckFailed
 from autograder.integrity import REFERENCE_MODULES, StudentShard, require_own_code, scan_objects
 from autograder.submission import without_magics
+from tests.test_grading_integrity import FIXTURES, UNUSUAL, WRONG, WrongSubmission, solution_notebook
 
 
 def model_state_bytes(stage: int, psi: float, n_gpus: int) -> float:
@@ -112,3 +113,75 @@ def test_magics_in_a_solution_cell_do_not_stop_it_from_loading() -> None:
     namespace: dict = {}
     exec(compile(without_magics(source), "<cell>", "exec"), namespace)
     assert namespace["x"] == 1
+
+
+# -- the likely cause a training check names, told from the values (never from the student's source) ----------
+
+LIKELY_CAUSES = {
+    "ex06_layers_end_to_end": "the bucket's elements are not where the reference puts them: ",
+    "ex08_local_norm_without_all_reduce": "a norm computed from this rank's shard only (not all-reduced) clips by",
+    "ex08_overwrites_instead_of_adding": "the shard equals the last micro-batch's gradient (up to the clip",
+}
+"""Each wrong fixture whose training check must name its mistake, and the phrase that names it."""
+
+
+def _graded_by_the_training_check() -> list:
+    """The submissions of the exercises above that the training check runs: the solution, the correct but
+    unusual fixtures, and every wrong fixture that loses `test_training` by what it computes (not by a rule,
+    nor only in a child process)."""
+    exercises = sorted({WrongSubmission.read(FIXTURES / f"{name}.py").exercise for name in LIKELY_CAUSES})
+    params = [pytest.param(exercise, None, id=f"{exercise[:4]}_solution", marks=getattr(pytest.mark, exercise[:4]))
+              for exercise in exercises]
+    for submission in [*UNUSUAL, *WRONG]:
+        computes = not submission.loses or ("test_training" in submission.loses and submission.rules is None)
+        if submission.exercise in exercises and computes and not submission.child:
+            mark = getattr(pytest.mark, submission.exercise[:4])
+            params.append(pytest.param(submission.exercise, submission, id=submission.path.stem, marks=mark))
+    return params
+
+
+@pytest.mark.parametrize(("assignment", "submission"), _graded_by_the_training_check())
+def test_the_training_check_names_a_likely_cause_exactly_where_it_is_that_mistake(
+    assignment: str, submission: WrongSubmission | None, tmp_path
+) -> None:
+    """The fixture of each cause gets its phrase; the solution, the correct but unusual submissions and the
+    other wrong ones (other mistakes that also train wrong values) get none of the exercise's phrases."""
+    from autograder.sandbox import grade_submission
+    from autograder.submission import exercise_module, load
+
+    notebook = solution_notebook(assignment) if submission is None else submission.notebook(tmp_path)
+    (check,) = [check for check in exercise_module(assignment).CHECKS if check.name == "test_training"]
+    (result,) = grade_submission(load(notebook), (check,))
+    name = submission.path.stem if submission else "the solution"
+    for fixture, cause in LIKELY_CAUSES.items():
+        if fixture.startswith(assignment[:4]):
+            assert (cause in result.message) == (name == fixture), f"{name}, {fixture}'s cause: {result.message}"
+    assert result.passed == (submission is None or not submission.loses), result.message
+
+
+@pytest.mark.ex06
+def test_ex06_layout_cause_needs_the_reference_values_in_other_places() -> None:
+    """Right values in wrong places name the layout; wrong values (twice the average) do not."""
+    import copy
+
+    from autograder import ex06
+    from autograder.harness import TRAINING_CONFIG
+    from autograder.stage_checks import oracle_run
+    from autograder.verdicts import tolerance_from_oracle
+
+    reference = ex06.EXERCISE.reference_run(("test", "layout"), 2, ex06.BUCKET_BYTES[2], TRAINING_CONFIG)
+    tolerance = tolerance_from_oracle(reference, *oracle_run(2))
+    assert ex06.bucket_layout_cause(reference, reference, tolerance) is None
+
+    doubled = copy.deepcopy(reference)
+    grads = doubled.ranks[1].adam_grads
+    grads["lm_head", 0] = grads["lm_head", 0] * 2
+    assert ex06.bucket_layout_cause(doubled, reference, tolerance) is None
+
+    moved = copy.deepcopy(reference)
+    grads = moved.ranks[1].adam_grads
+    numel = grads["lm_head", 0].numel()
+    grads["lm_head", 0] = reference.averaged_gradient("wte", 0)[100 : 100 + numel].clone()
+    cause = ex06.bucket_layout_cause(moved, reference, tolerance)
+    assert cause is not None and f"elements [100, {100 + numel:,}) of wte" in cause, cause
+    assert "check the bucket layout" in cause.lower()
