@@ -63,11 +63,13 @@ test-oldest-torch: $(OLDEST_VENV)/.installed
 	$(OLDEST_VENV)/bin/python -c 'import torch; print("the real backend on the oldest supported torch,", torch.__version__)'
 	$(OLDEST_VENV)/bin/python -m pytest -q -p no:cacheprovider $(OLDEST_TORCH_TESTS)
 
-# The venv's bin first on PATH: the lab's terminals then run the course's Python (`python -m autograder check`).
-# LabApp's default URL is the one the server prints: it opens lessons/.
+# A learner's own copies first, in work/ (git-ignored; autograder/workspace.py): running a lesson or answering an
+# exercise never changes a tracked notebook. The venv's bin first on PATH: the lab's terminals then run the course's
+# Python (`python -m autograder check`). LabApp's default URL is the one the server prints: it opens work/lessons/.
 lab: $(STAMP)
+	$(PY) -m autograder workspace work
 	PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/jupyter lab --no-browser $(ALLOW_ROOT) --ServerApp.root_dir=$(CURDIR) \
-		--LabApp.default_url=/lab/tree/lessons
+		--LabApp.default_url=/lab/tree/work/lessons
 
 release: $(STAMP)
 	for a in $(ASSIGNMENTS); do $(NBGRADER) generate_assignment $$a --force --create || exit 1; done

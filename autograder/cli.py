@@ -26,6 +26,9 @@ holds the signing key; and it refuses a venv or course folder that any user may 
 
 student-release: the folder a class's students receive for one assignment (`autograder.student_release`).
 
+workspace: a learner's own copy of the lessons and exercises in `work/` (`make lab` makes it;
+`autograder.workspace`).
+
 scores: nbgrader's gradebook (`make autograde` fills it) as one table, a row per student, a column per
 assignment (`autograder.gradebook_scores`).
 """
@@ -357,7 +360,16 @@ def build_parser() -> argparse.ArgumentParser:
     scores.add_argument("--db", default=str(ROOT / "gradebook.db"), help="the gradebook (default: gradebook.db)")
     scores.add_argument("--assignments", help="comma-separated assignments to show (default: those anyone handed in)")
     scores.set_defaults(run=run_scores_command)
+    workspace = commands.add_parser("workspace", help="copy the lessons and exercises into a folder of your own")
+    workspace.add_argument("folder", nargs="?", default="work", help="where the copies go (default: work)")
+    workspace.set_defaults(run=lambda args: _workspace(Path(args.folder)))
     return parser
+
+
+def _workspace(folder: Path) -> int:
+    from autograder.workspace import main as make_workspace
+
+    return make_workspace(ROOT, folder if folder.is_absolute() else Path.cwd() / folder)
 
 
 def run_scores_command(args: argparse.Namespace) -> int:

@@ -140,8 +140,10 @@ def guide(assignment: str, ran_lessons: bool) -> str:
 This folder is the course as your class receives it for `{assignment}`: the simulator, the lessons and
 your exercise notebook, without the answers (the reference code of this exercise, `solutions/`, the tests).
 
-    make lab                                                       # JupyterLab, then open exercises/
-    python -m autograder check exercises/{assignment}/{assignment}.ipynb   # the visible checks
+    make lab        # copies lessons/ and exercises/ into work/ (yours), then serves JupyterLab on work/lessons/
+    python -m autograder check work/exercises/{assignment}/{assignment}.ipynb   # the visible checks
+
+Work in `work/`: hand in `work/exercises/{assignment}/{assignment}.ipynb`, its name unchanged.
 
 `check` grades your notebook on the visible checks, as the notebook's own test cells do, in a child
 process walled off where the machine allows it. The hidden checks, and the comparison of your run's

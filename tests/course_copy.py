@@ -21,7 +21,7 @@ from pathlib import Path
 import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
-LEFT_OUT = (".venv", ".git", "out", "gradebook.db", "__pycache__", ".pytest_cache", ".ruff_cache")
+LEFT_OUT = (".venv", ".git", "out", "work", "gradebook.db", "__pycache__", ".pytest_cache", ".ruff_cache")
 LAB_URL = re.compile(r"(http://127\.0\.0\.1:\d+)(/lab\S*)\?token=(\w+)")
 PRINTED: dict[str, str] = {}
 """What the last `started_lab` read: the printed URL's path, and the server's PATH (its terminals')."""

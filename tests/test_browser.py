@@ -79,7 +79,7 @@ def click_menu(driver: webdriver.Chrome, menu: str, item: str) -> None:
 
 def test_lesson_5_runs_in_the_browser_and_its_calculator_answers_a_slider(lab, browser) -> None:
     base, token = lab
-    browser.get(f"{base}/lab/tree/lessons/05_at_scale.ipynb?token={token}")
+    browser.get(f"{base}/lab/tree/work/lessons/05_at_scale.ipynb?token={token}")
     until(browser, lambda d: d.find_elements(By.CSS_SELECTOR, ".jp-Notebook .jp-Cell"))
     browser.save_screenshot(str(SCREENSHOTS / "lesson05_opened.png"))
 
@@ -102,7 +102,7 @@ def test_lesson_5_runs_in_the_browser_and_its_calculator_answers_a_slider(lab, b
 
 def test_an_exercise_opens_from_the_file_browser(lab, browser) -> None:
     base, token = lab
-    browser.get(f"{base}/lab/tree/exercises?token={token}")
+    browser.get(f"{base}/lab/tree/work/exercises?token={token}")
 
     def listed(name: str):
         return lambda d: [e for e in d.find_elements(By.CSS_SELECTOR, ".jp-DirListing-item") if name in e.text]

@@ -123,14 +123,14 @@ def test_the_learner_path_is_the_lab_then_the_autograder_check_on_a_real_noteboo
     from autograder.cli import BELOW_FULL_MARKS, CANNOT_GRADE, FULL_MARKS, build_parser, main
 
     text = " ".join(section("### Self-study").split())
-    assert "`make lab` serves the whole course" in text and "lab" in make_targets()
+    assert "`make lab` first copies `lessons/` and `exercises/` into `work/`" in text and "lab" in make_targets()
     assert "its terminals (File › New › Terminal) run the course's Python" in text  # tests/test_browser.py: PATH
     (check,) = shell_commands("### Self-study")
     python, *argv = shlex.split(check)
     assert python == "python" and argv[:3] == ["-m", "autograder", "check"]
     args = build_parser().parse_args(argv[2:])
-    assert args.command == "check" and (ROOT / args.notebook).is_file()
-    assert re.fullmatch(r"exercises/(ex\d\d_\w+)/\1\.ipynb", args.notebook)
+    assert re.fullmatch(r"work/exercises/(ex\d\d_\w+)/\1\.ipynb", args.notebook), "the learner's copy (make lab)"
+    assert args.command == "check" and (ROOT / args.notebook.removeprefix("work/")).is_file()
     said = f"exits with {FULL_MARKS} for full marks, {BELOW_FULL_MARKS} when points are lost, {CANNOT_GRADE} when"
     assert said in text
     assert main(["check", "exercises/no_such_notebook.ipynb"]) == CANNOT_GRADE  # cheap: nothing is graded
@@ -170,8 +170,9 @@ def test_every_file_lesson_and_exercise_named_in_code_exists(path: Path) -> None
     exercise `ex05_memory_planning`, named in inline code, is in the repository: renames show up here."""
     missing = []
     for token in set(re.findall(r"`([^`\s]+)`", path.read_text())):
-        if re.fullmatch(r"[\w.-]+(/[\w.-]+)*/?", token) and token.split("/")[0] in REPO_FOLDERS:
-            found = (ROOT / token).exists()
+        copy = token.removeprefix("work/")  # a learner's copy (make lab) of a tracked lesson or exercise
+        if re.fullmatch(r"[\w.-]+(/[\w.-]+)*/?", copy) and copy.split("/")[0] in REPO_FOLDERS:
+            found = (ROOT / copy).exists()
         elif re.fullmatch(r"\d\d_[a-z0-9_]+", token):
             found = (ROOT / "lessons" / f"{token}.ipynb").exists()
         elif re.fullmatch(r"ex\d\d_[a-z0-9_]+", token):

@@ -35,13 +35,17 @@ def readme_commands(heading: str) -> list[str]:
     return [command for command in commands if command]
 
 
-def test_the_self_study_check_command_grades_the_released_notebook_as_the_readme_says() -> None:
+def test_the_self_study_check_command_grades_the_learner_s_copy_as_the_readme_says(tmp_path: Path) -> None:
     (command,) = readme_commands("Self-study")
-    assert command.startswith("python -m autograder check ")
-    # As in a terminal of the lab: `make lab` puts the venv's bin first on PATH (test_make_lab_serves_..., below).
+    assert command.startswith("python -m autograder check work/exercises/")
+    course = copy_course(tmp_path / "course")
+    # As `make lab` leaves it: the learner's copies made, and in a lab terminal the venv's bin first on PATH.
+    made = subprocess.run([str(ROOT / ".venv" / "bin" / "python"), "-m", "autograder", "workspace", "work"],
+                          cwd=course, capture_output=True, text=True, timeout=120)
+    assert made.returncode == 0 and "hand in work/exercises/" in made.stdout, made.stdout + made.stderr
     path = os.pathsep.join([str(ROOT / ".venv" / "bin"), os.environ["PATH"]])
     env = {**os.environ, "PATH": path}
-    done = subprocess.run(command, shell=True, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(command, shell=True, cwd=course, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 1, done.stderr  # graded, points lost: as the README says
     assert done.stdout.splitlines()[-1] == "total: 0/10 points"
 
@@ -109,19 +113,23 @@ def contents(url: str, tries: int = 30) -> list[dict]:
     return []
 
 
-def test_make_lab_serves_lessons_exercises_and_solutions_and_prints_its_url() -> None:
-    """As a new user runs it (root included): the URL it prints answers for every folder of the course."""
-    with started_lab(ROOT) as (base, token):
-        for folder in ("lessons", "exercises", "solutions"):
+def test_make_lab_serves_the_learner_s_copies_and_the_course_and_prints_its_url(tmp_path: Path) -> None:
+    """As a new user runs it (root included): `make lab` first copies the lessons and exercises into work/
+    (git-ignored), and the URL it prints opens work/lessons/; every folder of the course is served."""
+    course = copy_course(tmp_path / "course")
+    with started_lab(course) as (base, token):
+        for folder in ("work/lessons", "work/exercises", "lessons", "exercises", "solutions"):
             names = [item["name"] for item in contents(f"{base}/api/contents/{folder}?token={token}")]
             assert names, folder
         assert "ex05_memory_planning" in names
-        assert PRINTED["path"] == "/lab/tree/lessons", "the URL it prints opens lessons/"
+        assert PRINTED["path"] == "/lab/tree/work/lessons", "the URL it prints opens the learner's copies"
         terminal_path = PRINTED["PATH"]
-    # A lab terminal inherits the server's PATH: the notebook's own tip runs there as written.
+    assert "/work/" in (ROOT / ".gitignore").read_text().splitlines()
+    # A lab terminal inherits the server's PATH: the notebook's own tip runs there, on the learner's copy.
+    mine = course / "work" / "exercises" / EX05
     tip = f"python -m autograder check {EX05}.ipynb"
-    assert tip in (ROOT / "exercises" / EX05 / f"{EX05}.ipynb").read_text()
-    done = subprocess.run(tip, shell=True, cwd=ROOT / "exercises" / EX05, capture_output=True, text=True, timeout=300,
+    assert tip in (mine / f"{EX05}.ipynb").read_text()
+    done = subprocess.run(tip, shell=True, cwd=mine, capture_output=True, text=True, timeout=300,
                           env={"PATH": terminal_path, "HOME": os.environ.get("HOME", "/tmp")})
     assert done.returncode == 1, done.stdout[-1000:] + done.stderr[-1000:]
     assert done.stdout.splitlines()[-1] == "total: 0/10 points"
