@@ -27,10 +27,11 @@ import re
 from dataclasses import dataclass, field
 
 from zero_core import formulas
+from zero_core.facts import fact
 from zero_core.topology import RING, Topology, pass_split
 
 FP16_BYTES = 2
-QUANT_BLOCK_ELEMENTS = 2048
+QUANT_BLOCK_ELEMENTS = int(fact("quantization_block_elements").value)
 """Elements per quantization block, each with one fp32 scale: the course's choice, also the block the ZeRO++
 stages quantize with (`zero_core.stages.qwz`, `qgz`). ZeRO++ quantizes blockwise (§3.1) and DeepSpeed sizes
 blocks per tensor: weights in groups of at most 8000 elements that divide the shard (its `CUDAQuantizer`:
