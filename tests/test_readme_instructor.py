@@ -133,3 +133,43 @@ def test_make_lab_serves_the_learner_s_copies_and_the_course_and_prints_its_url(
                           env={"PATH": terminal_path, "HOME": os.environ.get("HOME", "/tmp")})
     assert done.returncode == 1, done.stdout[-1000:] + done.stderr[-1000:]
     assert done.stdout.splitlines()[-1] == "total: 0/10 points"
+
+
+def test_a_term_of_two_weeks_keeps_gradebook_csv_and_feedback_in_agreement(tmp_path: Path) -> None:
+    """Week 1 sets ex05, week 2 adds ex01 (`ASSIGNMENTS=...` for every target, as the README says): after each
+    week, the gradebook's scores (`make scores`, nbgrader's own numbers), the batch grader's CSV and the
+    feedback agree, student by student and assignment by assignment."""
+    ex01 = "ex01_collectives"
+    course = copy_course(tmp_path / "course")
+    hand_in(course, "alice", (ROOT / "solutions" / EX05 / f"{EX05}.ipynb").read_text())
+    hand_in(course, "bob", (ROOT / "exercises" / EX05 / f"{EX05}.ipynb").read_text())
+    env = {key: value for key, value in os.environ.items() if key not in ("VIRTUAL_ENV", "PYTHONPATH")}
+
+    def week(assignments: list[str]) -> tuple[dict[str, dict[str, str]], dict[str, dict[str, str]]]:
+        """(the gradebook's scores, the CSV's points), each {student: {assignment: points}}."""
+        set_now = f"ASSIGNMENTS={' '.join(assignments)}"
+        for target in ("release", "autograde", "grade", "scores"):
+            done = subprocess.run(f'make {target} "{set_now}"', shell=True, cwd=course, env=env, capture_output=True,
+                                  text=True, timeout=400)
+            assert done.returncode == 0, f"make {target}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+        lines = [line.split() for line in done.stdout.splitlines()]
+        header = next(line for line in lines if line and line[0] == "student")
+        gradebook = {line[0]: {a: p.split("/")[0].replace("-", "0") for a, p in zip(header[1:-1], line[1:-1],
+                                                                                 strict=True)}
+                     for line in lines if line and line[0] in ("alice", "bob")}
+        with (course / "out" / "grades.csv").open(newline="") as handle:
+            table = {row["student"]: {a: row[a] for a in assignments} for row in csv.DictReader(handle)}
+        assert header[1:-1] == assignments, "the scores show the assignments set, in order"
+        return gradebook, table
+
+    gradebook, table = week([EX05])
+    assert gradebook == table == {"alice": {EX05: "10"}, "bob": {EX05: "0"}}
+
+    (course / "out" / "submitted" / "alice" / ex01).mkdir()
+    (course / "out" / "submitted" / "alice" / ex01 / f"{ex01}.ipynb").write_text(
+        (ROOT / "solutions" / ex01 / f"{ex01}.ipynb").read_text()
+    )
+    gradebook, table = week([EX05, ex01])
+    assert gradebook == table == {"alice": {EX05: "10", ex01: "10"}, "bob": {EX05: "0", ex01: "0"}}
+    bob = (course / "out" / "autograder-feedback" / "bob.txt").read_text()
+    assert [line.split(":")[0] for line in bob.splitlines() if line.startswith("== ")] == [f"== {EX05}", f"== {ex01}"]
