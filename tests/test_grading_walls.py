@@ -266,7 +266,10 @@ def test_what_the_parent_reads_of_a_child_is_capped() -> None:
 
 def test_the_kernel_counts_the_childs_peak_memory() -> None:
     """`wait4`'s peak resident set: what the child held, measured where the child cannot write."""
-    hold = "import os, sys; block = bytearray(300 * 2**20); block[::4096] = b'x' * len(block[::4096])"
+    # Held for half a second: the parent samples the child's memory every RSS_SAMPLE_S, and a child that exits as
+    # soon as its pages are touched can leave before any sample sees them on a loaded machine (seen in CI).
+    hold = ("import time; block = bytearray(300 * 2**20); block[::4096] = b'x' * len(block[::4096]); "
+            "time.sleep(0.5)")
     small_read, small_write = os.pipe()
     small = run_child([sys.executable, "-c", "pass"], None, 60, (small_read, small_write))
     read, write = os.pipe()
