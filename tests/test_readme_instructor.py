@@ -11,7 +11,6 @@ from __future__ import annotations
 import csv
 import json
 import os
-import re
 import sqlite3
 import subprocess
 import time
@@ -21,22 +20,14 @@ from pathlib import Path
 
 import pytest
 from course_copy import PRINTED, ROOT, copy_course, started_lab
+from readme_text import shell_commands
 
 EX05 = "ex05_memory_planning"
 pytestmark = pytest.mark.ex05
 
 
-def readme_commands(heading: str) -> list[str]:
-    """The commands of the first shell block under the README's `### {heading}`."""
-    section = (ROOT / "README.md").read_text().split(f"### {heading}\n", 1)[1].split("\n### ", 1)[0]
-    block = re.search(r"```bash\n(.*?)```", section, re.DOTALL)
-    assert block, f"the {heading} section has no ```bash block"
-    commands = [line.split("#", 1)[0].strip() for line in block.group(1).splitlines()]
-    return [command for command in commands if command]
-
-
 def test_the_self_study_check_command_grades_the_learner_s_copy_as_the_readme_says(tmp_path: Path) -> None:
-    (command,) = readme_commands("Self-study")
+    (command,) = shell_commands("### Self-study")
     assert command.startswith("python -m autograder check work/exercises/")
     course = copy_course(tmp_path / "course")
     # As `make lab` leaves it: the learner's copies made, and in a lab terminal the venv's bin first on PATH.
@@ -66,7 +57,7 @@ def test_the_instructor_commands_grade_a_class_as_the_readme_says(tmp_path: Path
     env = {key: value for key, value in os.environ.items() if key not in ("VIRTUAL_ENV", "PYTHONPATH")}
     env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if ".venv" not in p)
 
-    commands = readme_commands("Instructors")
+    commands = shell_commands("### Instructors")
     assert commands == ["make release", "make autograde", "make feedback", "make grade"]
     started = time.perf_counter()
     for command in commands:
