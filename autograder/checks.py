@@ -171,12 +171,18 @@ def notebook_check(function: Callable[..., str]) -> Callable[..., None]:
 
 _MACHINERY = (str(Path(__file__).parent), str(Path(traceback.__file__).parent))
 """The grader's and Python's own frames: never where a student's bug is."""
+_MACHINERY_PARTS = (
+    "/torch/",
+    "/zero_core/stages/",
+    "/zero_core/variants/",
+    "/zero_core/answers/",
+    "/zero_core/cluster.py",
+)
+"""torch's, the reference stages' and the virtual cluster's frames, wherever the course is installed."""
 
 
 def _is_machinery(filename: str) -> bool:
-    return filename.startswith(_MACHINERY) or any(
-        part in filename for part in ("/torch/", "/zero_core/stages/", "/zero_core/cluster.py")
-    )
+    return filename.startswith(_MACHINERY) or any(part in filename for part in _MACHINERY_PARTS)
 
 
 def describe_exception(error: BaseException, limit: int = 3) -> str:

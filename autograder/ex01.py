@@ -36,7 +36,7 @@ from zero_core.context import current
 ASSIGNMENT = "ex01_collectives"
 ANSWER_MODULES = answer_modules()
 """Not loaded, and not loadable, where the student's code is graded (`autograder.sandbox`)."""
-FORBIDDEN = REFERENCE_MODULES + ("zero_core.comm",)
+FORBIDDEN = REFERENCE_MODULES + ("zero_core.comm", "zero_core.ring")
 CASES = (
     ((8,), torch.float32),
     ((10,), torch.float32),

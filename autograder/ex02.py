@@ -99,9 +99,11 @@ def fp32_memory_rules(run: Run, reference: Run, label: str) -> None:
                 )
 
 
-def _build(step_function: Callable[..., None]) -> tuple[type, None]:
-    stage = type("StudentZero1", (StudentZero1,), {"step_function": staticmethod(step_function)})
-    return stage, None
+def _build(zero1_step: Callable[..., None]) -> tuple[type, None]:
+    class WithStudentStep(StudentZero1):
+        step_function = staticmethod(zero1_step)
+
+    return WithStudentStep, None
 
 
 EXERCISE = StageExercise(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch.nn as nn
 
-from autograder.harness import graded_stage
+from autograder.harness import Recording
 from autograder.integrity import answer_modules
 from autograder.records import Run
 from autograder.stage_checks import StageExercise
@@ -38,14 +38,20 @@ def gradient_memory_rules(run: Run, reference: Run, label: str) -> None:
     compare_peaks(run, reference, memory.ACTIVATIONS, label, ACTIVATIONS_ADVICE)
 
 
+class GradedZero2(Recording, Zero2):
+    """The reference ZeRO-2, recorded: with the student's Linear Function, or its own."""
+
+    exercise = ASSIGNMENT
+
+
 def _build(linear: type) -> tuple[type, dict]:
-    return graded_stage(Zero2, ASSIGNMENT), {nn.Linear: linear}
+    return GradedZero2, {nn.Linear: linear}
 
 
 EXERCISE = StageExercise(
     exercise=ASSIGNMENT,
     names=("ReduceScatterLinear",),
-    reference="zero_core.stages.zero2:Zero2",
+    reference="autograder.ex03:GradedZero2",
     students_collectives=(("grad", nn.Linear),),
     build=_build,
     memory_rules=gradient_memory_rules,

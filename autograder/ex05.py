@@ -21,7 +21,7 @@ from autograder.integrity import REFERENCE_MODULES, answer_modules, require_own_
 ASSIGNMENT = "ex05_memory_planning"
 ANSWER_MODULES = answer_modules()
 """Not loaded, and not loadable, where the student's code is graded (`autograder.sandbox`)."""
-FORBIDDEN = REFERENCE_MODULES + ("zero_core.formulas", "zero_core.deepspeed_estimators")
+FORBIDDEN = REFERENCE_MODULES + ("zero_core.formulas", "zero_core.planner")
 FUNCTIONS = ("model_state_bytes", "largest_model", "fewest_gpus", "comm_elements_per_step")
 ANSWERS = ("q1_gb_per_gpu", "q2_stage", "q2_gpus", "q3_gpus", "q4_gb_sent")
 GB = 1e9

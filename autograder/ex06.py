@@ -24,7 +24,7 @@ from typing import Any
 import torch.nn as nn
 
 from autograder.checks import Check, CheckFailed
-from autograder.harness import graded_stage, layer_partitions
+from autograder.harness import Recording, layer_partitions
 from autograder.integrity import REFERENCE_MODULES, StudentShard, answer_modules
 from autograder.records import Run, element_size
 from autograder.stage_checks import HIDDEN_CELL_WORLD_SIZES, VISIBLE_WORLD_SIZES, Setting, StageExercise
@@ -39,13 +39,14 @@ from autograder.verdicts import (
     registrations,
 )
 from zero_core import comm, memory, schedule
+from zero_core.registry import answer_module
 from zero_core.stages.base import OVERFLOW_TAG
-from zero_core.stages.zero2_bucketed import BucketedZero2
+from zero_core.variants.bucketed import BucketedZero2
 
 ASSIGNMENT = "ex06_bucketed_overlap"
 FORBIDDEN = REFERENCE_MODULES + ("zero_core.schedule",)
 """The overlap check reads the stage's schedule marks: a submission may not make marks of its own."""
-ANSWER_MODULES = answer_modules(("zero_core.stages.zero1", "zero_core.stages.zero2", "zero_core.stages.zero2_linear"))
+ANSWER_MODULES = answer_modules(("zero_core.stages.zero1", "zero_core.stages.zero2", answer_module("ex03")))
 """Not loaded, and not loadable, where the student's code is graded (`autograder.sandbox`). ZeRO-2's layer
 Functions are ex03's answer, due before this exercise: here they are the scaffolding."""
 
@@ -71,10 +72,11 @@ def draw_bucket_bytes(rng: random.Random, world_size: int) -> int:
     return rng.randrange(low, high + 1, 2)
 
 
-class GradedBucketedZero2(BucketedZero2):
-    """The bucketed ZeRO-2 with buckets of `graded_bucket_bytes` in bf16 (None: `BUCKET_BYTES` of the world
-    size), as many elements in fp32."""
+class GradedBucketedZero2(Recording, BucketedZero2):
+    """The bucketed ZeRO-2, recorded, with buckets of `graded_bucket_bytes` in bf16 (None: `BUCKET_BYTES` of
+    the world size), as many elements in fp32."""
 
+    exercise = ASSIGNMENT
     graded_bucket_bytes: int | None = None
 
     @property
@@ -84,7 +86,10 @@ class GradedBucketedZero2(BucketedZero2):
 
 
 def with_bucket_bytes(stage: type, bucket_bytes: int) -> type:
-    return type(f"{stage.__name__}B{bucket_bytes}", (stage,), {"graded_bucket_bytes": bucket_bytes})
+    class WithBucketBytes(stage):
+        graded_bucket_bytes = bucket_bytes
+
+    return WithBucketBytes
 
 
 def _guarded(stage: BucketedZero2, shard: Any) -> StudentShard:
@@ -92,8 +97,13 @@ def _guarded(stage: BucketedZero2, shard: Any) -> StudentShard:
 
 
 def _build(buckets: type) -> tuple[type, None]:
-    attributes = {"BUCKETS": buckets, "handed_shard": _guarded}
-    return graded_stage(type("StudentBucketedZero2", (GradedBucketedZero2,), attributes), ASSIGNMENT), None
+    class StudentBucketedZero2(GradedBucketedZero2):
+        """The graded stage with the student's `GradientBuckets`, handed each layer's shard as a `StudentShard`."""
+
+        BUCKETS = buckets
+        handed_shard = _guarded
+
+    return StudentBucketedZero2, None
 
 
 def _reduce_scatters(run: Run, rank: int, step: int) -> list:

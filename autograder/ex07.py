@@ -25,20 +25,21 @@ from typing import Any
 import torch.nn as nn
 
 from autograder.checks import Check, CheckFailed
-from autograder.harness import graded_stage
+from autograder.harness import Recording
 from autograder.integrity import REFERENCE_MODULES, StudentShard, answer_modules
 from autograder.records import Collective, Run
 from autograder.stage_checks import HIDDEN_CELL_WORLD_SIZES, VISIBLE_WORLD_SIZES, Setting, StageExercise
 from autograder.verdicts import check_released, compare_registrations
 from zero_core import comm, memory, schedule
+from zero_core.registry import answer_module
 from zero_core.stages.base import layer_tag
-from zero_core.stages.zero3_prefetching import PrefetchingZero3
+from zero_core.variants.prefetching import PrefetchingZero3
 
 ASSIGNMENT = "ex07_zero3_prefetch"
 FORBIDDEN = REFERENCE_MODULES + ("zero_core.schedule",)
 """The schedule check reads the stage's marks: a submission may not make marks of its own."""
 ANSWER_MODULES = answer_modules(
-    ("zero_core.stages.zero1", "zero_core.stages.zero2", "zero_core.stages.zero3", "zero_core.stages.zero3_gather")
+    ("zero_core.stages.zero1", "zero_core.stages.zero2", "zero_core.stages.zero3", answer_module("ex04"))
 )
 """Not loaded, and not loadable, where the student's code is graded (`autograder.sandbox`). ZeRO-3's layer
 Functions are ex04's answer, due before this exercise: here they are the scaffolding."""
@@ -58,8 +59,10 @@ def window_of(world_size: int) -> int:
     return WINDOW.get(world_size, DEFAULT_WINDOW)
 
 
-class GradedPrefetchingZero3(PrefetchingZero3):
-    """The prefetching ZeRO-3 with the window of the graded world size; `with_window` sets another."""
+class GradedPrefetchingZero3(Recording, PrefetchingZero3):
+    """The prefetching ZeRO-3, recorded, with the window of the graded world size; `with_window` sets another."""
+
+    exercise = ASSIGNMENT
 
     @property
     def window(self) -> int:  # type: ignore[override]
@@ -71,8 +74,13 @@ def _guarded(stage: PrefetchingZero3, shard: Any) -> StudentShard:
 
 
 def _build(prefetcher: type) -> tuple[type, None]:
-    attributes = {"PREFETCHER": prefetcher, "handed_shard": _guarded}
-    return graded_stage(type("StudentPrefetchingZero3", (GradedPrefetchingZero3,), attributes), ASSIGNMENT), None
+    class StudentPrefetchingZero3(GradedPrefetchingZero3):
+        """The graded stage with the student's `Prefetcher`, handed each layer's shard as a `StudentShard`."""
+
+        PREFETCHER = prefetcher
+        handed_shard = _guarded
+
+    return StudentPrefetchingZero3, None
 
 
 def gathered_bytes_bound(run: Run, window: int) -> int:

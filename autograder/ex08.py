@@ -1,6 +1,6 @@
 """ex08: global-norm gradient clipping and k-step gradient accumulation on ZeRO-2's gradient shards.
 
-The student writes two functions that `AccumulatingZero2` (zero_core/stages/zero2_accumulating.py) calls:
+The student writes two functions that `AccumulatingZero2` (zero_core/variants/accumulating.py) calls:
 `accumulate_gradient(shard, grads)`, once per layer and micro-batch in backward, which must average the
 micro-batch's gradient over the ranks and add this rank's chunk into `shard.grad`; and
 `clip_global_norm(grads, max_norm)`, once per optimizer step, which must scale the rank's owned fp32
@@ -34,7 +34,7 @@ import torch.nn as nn
 
 from autograder import recorded
 from autograder.checks import Check, CheckFailed
-from autograder.harness import STEPS, TRAINING_CONFIG, graded_stage
+from autograder.harness import STEPS, TRAINING_CONFIG, Recording
 from autograder.integrity import StudentShard, answer_modules
 from autograder.records import Collective, Run
 from autograder.stage_checks import HIDDEN_CELL_WORLD_SIZES, VISIBLE_WORLD_SIZES, Setting, StageExercise
@@ -50,11 +50,12 @@ from autograder.verdicts import (
 from zero_core import comm, memory, schedule
 from zero_core.context import current
 from zero_core.memory import unaudited
+from zero_core.registry import answer_module
 from zero_core.stages.base import OVERFLOW_TAG
-from zero_core.stages.zero2_accumulating import NORM_TAG, AccumulatingZero2
+from zero_core.variants.accumulating import NORM_TAG, AccumulatingZero2
 
 ASSIGNMENT = "ex08_clip_and_accumulate"
-ANSWER_MODULES = answer_modules(("zero_core.stages.zero1", "zero_core.stages.zero2", "zero_core.stages.zero2_linear"))
+ANSWER_MODULES = answer_modules(("zero_core.stages.zero1", "zero_core.stages.zero2", answer_module("ex03")))
 """Not loaded, and not loadable, where the student's code is graded (`autograder.sandbox`). ZeRO-2's layer
 Functions are ex03's answer, due before this exercise: here they are the scaffolding."""
 
@@ -91,9 +92,12 @@ def draw_accumulation(rng: random.Random, world_size: int) -> list:
     return [rng.choice(HIDDEN_MICRO_STEPS), round(rng.uniform(*HIDDEN_MAX_NORMS), 2)]
 
 
-class GradedAccumulatingZero2(AccumulatingZero2):
-    """The accumulating ZeRO-2 with the graded world size's k and max_norm (`with_accumulation` sets others),
-    whose record of the gradient given to Adam (`harness.Recording`) is the clipped one, as the oracle's is."""
+class GradedAccumulatingZero2(Recording, AccumulatingZero2):
+    """The accumulating ZeRO-2, recorded, with the graded world size's k and max_norm (`with_accumulation` sets
+    others), whose record of the gradient given to Adam (`harness.Recording`) is the clipped one, as the
+    oracle's is."""
+
+    exercise = ASSIGNMENT
 
     @property
     def micro_steps(self) -> int:  # type: ignore[override]
@@ -105,16 +109,16 @@ class GradedAccumulatingZero2(AccumulatingZero2):
 
     def clip_gradients(self, grads: list[torch.Tensor]) -> None:
         super().clip_gradients(grads)
-        record = getattr(self, "record", None)
-        if record is not None:
-            with unaudited():
-                for layer, grad in zip(self.layers, grads, strict=True):
-                    record.adam_grads[(layer.name, current().step)] = grad.detach().clone()
+        with unaudited():
+            for layer, grad in zip(self.layers, grads, strict=True):
+                self.record.adam_grads[(layer.name, current().step)] = grad.detach().clone()
 
 
 def with_accumulation(stage: type, accumulation: Accumulation) -> type:
-    k, max_norm = accumulation
-    return type(f"{stage.__name__}K{k}", (stage,), {"micro_steps": k, "max_norm": max_norm})
+    class WithAccumulation(stage):
+        micro_steps, max_norm = accumulation
+
+    return WithAccumulation
 
 
 def _guarded(stage: AccumulatingZero2, shard: Any) -> StudentShard:
@@ -122,8 +126,14 @@ def _guarded(stage: AccumulatingZero2, shard: Any) -> StudentShard:
 
 
 def _build(accumulate: Any, clip: Any) -> tuple[type, None]:
-    attributes = {"ACCUMULATE": staticmethod(accumulate), "CLIP": staticmethod(clip), "handed_shard": _guarded}
-    return graded_stage(type("StudentAccumulatingZero2", (GradedAccumulatingZero2,), attributes), ASSIGNMENT), None
+    class StudentAccumulatingZero2(GradedAccumulatingZero2):
+        """The graded stage with the student's two functions, handed each layer's shard as a `StudentShard`."""
+
+        ACCUMULATE = staticmethod(accumulate)
+        CLIP = staticmethod(clip)
+        handed_shard = _guarded
+
+    return StudentAccumulatingZero2, None
 
 
 # -- memory ------------------------------------------------------------------------------------------------
@@ -262,7 +272,7 @@ def micro_batch_gradients(world_size: int, micro_steps: int) -> MicroGradients:
     def make() -> MicroGradients:
         from zero_core.model import build_model, global_batch, loss_fn, parameter_layers
         from zero_core.partition import flatten
-        from zero_core.stages.zero2_accumulating import accumulation_data_step
+        from zero_core.variants.accumulating import accumulation_data_step
 
         config = TRAINING_CONFIG
         model = build_model(config.model, config.seed)

@@ -1,7 +1,7 @@
 """ex09: the two-level all-gather of a ZeRO-3 layer, across nodes on 1/G of it, then inside the node.
 
 The student writes `hierarchical_all_gather(output, shard, node_group, cross_group)`, which
-`HierarchicalZero3` (zero_core/stages/zero3_hierarchical.py) calls for every layer's gather, in forward and
+`HierarchicalZero3` (zero_core/variants/hierarchical.py) calls for every layer's gather, in forward and
 in backward. The checks train the stage with it on N ranks in nodes of G (`GPUS_PER_NODE` for the visible
 checks, drawn at grading time for the hidden ones: `draw_world_sizes`, `draw_gpus_per_node`) and judge,
 each from what the course's code observed, never from what the student's code reports:
@@ -33,6 +33,7 @@ from autograder.checks import Check, CheckFailed
 from autograder.harness import (
     CONFIG,
     STEPS,
+    Recording,
     graded_stage,
     layer_partitions,
     run_once,
@@ -55,13 +56,14 @@ from autograder.stage_checks import GradedRun, Setting, StageExercise, observed_
 from autograder.verdicts import check_nothing_left_behind, check_own_collectives, check_released
 from zero_core import comm, memory
 from zero_core.context import current
+from zero_core.registry import answer_module
 from zero_core.stages.base import OVERFLOW_TAG, TrainConfig, layer_tag
-from zero_core.stages.zero3_hierarchical import GATHER_CALLS, GatherCall, HierarchicalZero3
 from zero_core.topology import RING, Topology, link_bytes
+from zero_core.variants.hierarchical import GATHER_CALLS, GatherCall, HierarchicalZero3
 
 ASSIGNMENT = "ex09_hierarchical_allgather"
 ANSWER_MODULES = answer_modules(
-    ("zero_core.stages.zero1", "zero_core.stages.zero2", "zero_core.stages.zero3", "zero_core.stages.zero3_gather")
+    ("zero_core.stages.zero1", "zero_core.stages.zero2", "zero_core.stages.zero3", answer_module("ex04"))
 )
 """Not loaded, and not loadable, where the student's code is graded (`autograder.sandbox`). ZeRO-3's layer
 Functions are ex04's answer, due before this exercise: here they are the scaffolding."""
@@ -97,9 +99,11 @@ def draw_gpus_per_node(rng: random.Random, world_size: int) -> int:
     return rng.choice(node_shapes(world_size))
 
 
-class GradedHierarchicalZero3(HierarchicalZero3):
-    """The hierarchical ZeRO-3 in nodes of `graded_gpus_per_node` (None: `gpus_per_node` of the world size)."""
+class GradedHierarchicalZero3(Recording, HierarchicalZero3):
+    """The hierarchical ZeRO-3, recorded, in nodes of `graded_gpus_per_node` (None: `gpus_per_node` of the world
+    size)."""
 
+    exercise = ASSIGNMENT
     graded_gpus_per_node: int | None = None
 
     def __init__(self, config: TrainConfig, functions: dict | None = None) -> None:
@@ -108,12 +112,19 @@ class GradedHierarchicalZero3(HierarchicalZero3):
 
 
 def with_gpus_per_node(stage: type, g: int) -> type:
-    return type(f"{stage.__name__}G{g}", (stage,), {"graded_gpus_per_node": g})
+    class WithGpusPerNode(stage):
+        graded_gpus_per_node = g
+
+    return WithGpusPerNode
 
 
 def _build(function: Any) -> tuple[type, None]:
-    stage = type("StudentHierarchicalZero3", (GradedHierarchicalZero3,), {"ALL_GATHER": staticmethod(function)})
-    return graded_stage(stage, ASSIGNMENT), None
+    class StudentHierarchicalZero3(GradedHierarchicalZero3):
+        """The graded stage whose layers gather with the student's `hierarchical_all_gather`."""
+
+        ALL_GATHER = staticmethod(function)
+
+    return StudentHierarchicalZero3, None
 
 
 # -- runs with their links, made where the student's code runs ---------------------------------------------

@@ -73,13 +73,20 @@ class RecordingAdam(AdamShard):
 
 
 class Recording:
-    """Mixin for a `ZeroStage`: records each rank's work, and hands student Functions a `StudentShard` (the
-    layer's data, without the reference's collectives)."""
+    """Mixin for a `ZeroStage`, first among its bases: records each rank's work, and hands student Functions a
+    `StudentShard` (the layer's data, without the reference's collectives).
+
+    The exercises' Functions wait for their reduce-scatter at once, so the stage they are compared with does
+    too (`overlap_reduce_scatter = False`): otherwise a reference layer's bucket, still in flight, would be
+    alive next to a student layer's, and the bucket peaks would differ for no fault of the student's.
+    """
 
     exercise = ""
+    overlap_reduce_scatter = False
 
-    def __init__(self, config: TrainConfig, functions: dict | None = None) -> None:
-        super().__init__(config, functions)
+    def __init__(self, config: TrainConfig, functions: dict | None = None, **options: Any) -> None:
+        """`options`: what the stage takes besides (`gpus_per_node`)."""
+        super().__init__(config, functions, **options)
         self.record = RankRecord()
         for layer in self.layers:
             layer.master = RecordingAdam(layer.master, layer.name, self.record)
@@ -103,14 +110,15 @@ class Recording:
 
 
 def graded_stage(stage_cls: type[ZeroStage], exercise: str) -> type[ZeroStage]:
-    """`stage_cls` with the recorders of `Recording`, whose reduce-scatters complete before backward goes on.
+    """`stage_cls` with the recorders of `Recording`; a stage that has them already (an exercise's own plain
+    class, such as `class GradedZero2(Recording, Zero2)` in `autograder.ex03`) as it is.
 
-    The exercises' Functions wait for their reduce-scatter at once, so the reference they are compared with
-    does too (`overlap_reduce_scatter = False`): otherwise a reference layer's bucket, still in flight, would
-    be alive next to a student layer's, and the bucket peaks would differ for no fault of the student's.
-    """
-    attributes = {"exercise": exercise, "overlap_reduce_scatter": False}
-    return type(f"Graded{stage_cls.__name__}", (Recording, stage_cls), attributes)
+    Made here only for a stage that a plain class cannot name where it is defined: one the judge imports by
+    its name and the student's process never loads (ex02's reference, `Zero1`, is that exercise's answer),
+    or a test's."""
+    if issubclass(stage_cls, Recording):
+        return stage_cls
+    return type(f"Graded{stage_cls.__name__}", (Recording, stage_cls), {"exercise": exercise})
 
 
 def _train_rank(

@@ -1,7 +1,8 @@
 """Students write the ZeRO pieces themselves: using the reference implementation scores 0 for the exercise.
 
-The reference stages (`zero_core.stages`) hold exactly the code the exercises ask for, and the grader
-(`autograder`) runs it, so a submission may use neither. Three nets keep it out, none of which looks for
+The reference stages (`zero_core.stages`, `zero_core.variants`) and the answers they plug in
+(`zero_core.answers`, found through `zero_core.registry`) hold exactly the code the exercises ask for, and
+the grader (`autograder`) runs it, so a submission may use neither. Three nets keep it out, none of which looks for
 the reference's names (a student's own method may well be called `gather_parameters`):
 
 - the rules for graded cells (`autograder.policy`, `POLICY_LINE`): checked on the solution cells' source
@@ -28,24 +29,31 @@ from typing import Any
 from autograder.checks import CheckFailed
 from autograder.graded_cells import GradedCells
 from autograder.policy import OFF_LIMITS, POLICY_LINE, module_of, under
+from zero_core import registry
 
-REFERENCE_MODULES = ("zero_core.stages", "zero_core.experiment", "zero_core.cli", "autograder")
-"""Off limits in every exercise: the reference stages, what runs them, and the grader itself."""
+REFERENCE_MODULES = (
+    "zero_core.stages",
+    "zero_core.variants",
+    "zero_core.answers",
+    "zero_core.registry",
+    "zero_core.experiment",
+    "zero_core.report",
+    "zero_core.cli",
+    "autograder",
+)
+"""Off limits in every exercise: the reference stages, their answers and the registry that finds them, what
+runs them, and the grader itself."""
 
 REFERENCE_CODE = (
     "zero_core.stages.zero0",
     "zero_core.stages.zero1",
     "zero_core.stages.zero2",
-    "zero_core.stages.zero2_linear",
-    "zero_core.stages.zero2_buckets",
-    "zero_core.stages.clip_accumulate",
     "zero_core.stages.zero3",
-    "zero_core.stages.zero3_gather",
-    "zero_core.stages.zero3_prefetch",
-    "zero_core.stages.hierarchical_gather",
+    *(registry.answer_module(exercise) for exercise in registry.ANSWERS),
     "zero_core.formulas",
-    "zero_core.deepspeed_estimators",
+    "zero_core.planner.deepspeed_estimators",
     "zero_core.experiment",
+    "zero_core.report",
     "zero_core.oracle",
     "zero_core.cli",
 )
@@ -54,7 +62,8 @@ REFERENCE_CODE = (
 
 def answer_modules(scaffolding: tuple[str, ...] = ()) -> tuple[str, ...]:
     """What a grading child may neither have loaded nor load: the reference code, except the `scaffolding`
-    the exercise's checks plug the student's code into (ZeRO-2 for ex03, ZeRO-3 for ex04)."""
+    the exercise's checks plug the student's code into (ZeRO-2 for ex03, ZeRO-3 for ex04, and an earlier
+    exercise's answer, `registry.answer_module("ex03")`, for ex06 and ex08)."""
     return tuple(module for module in REFERENCE_CODE if module not in scaffolding)
 
 

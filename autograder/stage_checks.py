@@ -46,7 +46,8 @@ from autograder.verdicts import (
     compare_training,
     tolerance_from_oracle,
 )
-from zero_core.stages.base import OVERFLOW_TAG, TrainConfig, ZeroStage, layer_tag, named_object
+from zero_core.registry import named_object
+from zero_core.stages.base import OVERFLOW_TAG, TrainConfig, ZeroStage, layer_tag
 
 VISIBLE_WORLD_SIZES = [2, 3]
 HIDDEN_CELL_WORLD_SIZES = [5, 7]

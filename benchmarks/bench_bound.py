@@ -56,7 +56,7 @@ from zero_core.context import current
 from zero_core.experiment import make_stage, run_stage
 from zero_core.model import preset
 from zero_core.stages import TrainConfig, Zero2
-from zero_core.stages.zero2_bucketed import BucketedZero2
+from zero_core.variants.bucketed import BucketedZero2
 
 
 def floor_in_threads(config: TrainConfig, world_size: int, steps: int, stage: int, threads: int) -> float:

@@ -49,11 +49,12 @@ import psutil
 import torch
 
 from zero_core.cluster import machine_cores
-from zero_core.experiment import StageReport, run_stage
+from zero_core.experiment import run_stage
 from zero_core.memory import MemoryTracker
 from zero_core.model import build_model, loss_fn, micro_batch, preset
 from zero_core.optim import AdamShard, precision_dtype
 from zero_core.partition import flatten
+from zero_core.report import StageReport
 from zero_core.stage_pool import default_jobs
 from zero_core.stages import TrainConfig
 

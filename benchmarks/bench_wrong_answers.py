@@ -26,14 +26,14 @@ sys.path.insert(0, str(ROOT))
 from autograder.checks import total  # noqa: E402
 from autograder.sandbox import grade_notebook  # noqa: E402
 from autograder.submission import EXERCISES, exercise_module  # noqa: E402
+from tests.fixture_text import fixture_text, wrong_fixtures  # noqa: E402
 
-WRONG = ROOT / "tests" / "fixtures" / "wrong"
 CELL_MARKER = "# --- cell ---\n"
 
 
 def fixture(path: Path) -> tuple[str, str, str]:
     """(assignment, solution cell replaced, the cell's source) of one wrong answer."""
-    header, source = path.read_text().split(CELL_MARKER, 1)
+    header, source = fixture_text(path).split(CELL_MARKER, 1)
     meta: dict = {}
     exec(header, meta)
     if "CELL_SOURCE" in source:  # a cell that is not valid Python is kept in a string
@@ -69,7 +69,7 @@ def main() -> None:
         seconds = time.perf_counter() - started
         failed: set[str] = set()
         answers = []
-        for path in sorted(WRONG.glob(f"{assignment[:4]}_*.py")):
+        for path in [p for p in wrong_fixtures() if p.stem.startswith(f"{assignment[:4]}_")]:
             _, cell, source = fixture(path)
             with tempfile.TemporaryDirectory() as tmp:
                 results = grade_notebook(notebook_with(assignment, cell, source, Path(tmp)), assignment)

@@ -52,9 +52,9 @@ from zero_core import memory  # noqa: E402
 from zero_core.backends.torch_distributed import TorchBackend, process_context  # noqa: E402
 from zero_core.cli.render import table  # noqa: E402
 from zero_core.context import activate  # noqa: E402
-from zero_core.experiment import assemble_master_weights  # noqa: E402
 from zero_core.model import build_model, loss_fn, micro_batch, parameter_layers, preset  # noqa: E402
 from zero_core.partition import flatten  # noqa: E402
+from zero_core.report import assemble_master_weights  # noqa: E402
 from zero_core.stages import STAGES, TrainConfig  # noqa: E402
 
 COUNTERPARTS = {

@@ -18,16 +18,8 @@ import textwrap
 from functools import cache
 from pathlib import Path
 
-from zero_core.stages import (
-    clip_accumulate,
-    hierarchical_gather,
-    sharding,
-    zero1,
-    zero2_buckets,
-    zero2_linear,
-    zero3_gather,
-    zero3_prefetch,
-)
+from zero_core.answers import ex03, ex04, ex06, ex07, ex08, ex09
+from zero_core.stages import sharding, zero1
 
 ROOT = Path(__file__).resolve().parents[1]
 MIN_CHARS = 12
@@ -36,16 +28,16 @@ SKIPPED_STARTS = ("#", '"""', "'''", "@", "def ", "class ")
 REFERENCE_ANSWERS = {
     "ex02's collectives (Zero1.sync_gradients)": zero1.Zero1.sync_gradients,
     "ex02's collectives (Zero1.publish_parameters)": zero1.Zero1.publish_parameters,
-    "ex03's ReduceScatterLinear": zero2_linear,
+    "ex03's ReduceScatterLinear": ex03,
     "ex03's reduce-scatter (LayerShard.reduce_scatter_gradients)": sharding.LayerShard.reduce_scatter_gradients,
     "ex03's reduce-scatter (InFlightReduceScatter)": sharding.InFlightReduceScatter,
-    "ex04's GatherLinear and GatherEmbedding": zero3_gather,
+    "ex04's GatherLinear and GatherEmbedding": ex04,
     "ex04's gather (LayerShard.gather_parameters)": sharding.LayerShard.gather_parameters,
     "ex04's release (LayerShard.release_parameters)": sharding.LayerShard.release_parameters,
-    "ex06's GradientBuckets": zero2_buckets,
-    "ex07's Prefetcher": zero3_prefetch,
-    "ex08's accumulate_gradient and clip_global_norm": clip_accumulate,
-    "ex09's hierarchical_all_gather": hierarchical_gather,
+    "ex06's GradientBuckets": ex06,
+    "ex07's Prefetcher": ex07,
+    "ex08's accumulate_gradient and clip_global_norm": ex08,
+    "ex09's hierarchical_all_gather": ex09,
 }
 
 

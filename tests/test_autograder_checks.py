@@ -51,25 +51,25 @@ def test_a_failing_test_cell_raises_assertion_error_with_the_message(capsys: pyt
 @pytest.mark.ex04
 def test_a_subclass_of_the_reference_scores_zero_in_a_test_cell_too() -> None:
     from autograder import ex04
-    from zero_core.stages import zero3_gather as zero3
+    from zero_core.answers import ex04 as zero3
 
     class GatherLinear(zero3.GatherLinear):
         pass
 
-    with pytest.raises(AssertionError, match="subclasses zero_core.stages.zero3_gather.GatherLinear"):
+    with pytest.raises(AssertionError, match="subclasses zero_core.answers.ex04.GatherLinear"):
         ex04.check_training(GatherLinear, zero3.GatherEmbedding, world_sizes=[2])
 
 
 def test_scan_objects_follows_helpers_to_a_reference_they_use() -> None:
     namespace: dict = {}
     exec(
-        "from zero_core.stages import zero2_linear as zero2\n"
+        "from zero_core.answers import ex03 as zero2\n"
         "def helper():\n    return zero2.ReduceScatterLinear\n"
         "def my_function():\n    return helper()\n",
         namespace,
     )
     problems = scan_objects({"my_function": namespace["my_function"]}, REFERENCE_MODULES)
-    assert problems == ["`helper` uses `zero2` from zero_core.stages.zero2_linear"]
+    assert problems == ["`helper` uses `zero2` from zero_core.answers.ex03"]
 
 
 def test_the_students_shard_reads_and_writes_the_data_and_has_none_of_the_reference_collectives() -> None:
@@ -129,7 +129,7 @@ def _graded_by_the_training_check() -> list:
     """The submissions of the exercises above that the training check runs: the solution, the correct but
     unusual fixtures, and every wrong fixture that loses `test_training` by what it computes (not by a rule,
     nor only in a child process)."""
-    exercises = sorted({WrongSubmission.read(FIXTURES / f"{name}.py").exercise for name in LIKELY_CAUSES})
+    exercises = sorted({WrongSubmission.read(FIXTURES / f"{name}.patch").exercise for name in LIKELY_CAUSES})
     params = [pytest.param(exercise, None, id=f"{exercise[:4]}_solution", marks=getattr(pytest.mark, exercise[:4]))
               for exercise in exercises]
     for submission in [*UNUSUAL, *WRONG]:

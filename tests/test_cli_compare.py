@@ -9,9 +9,9 @@ import sys
 import pytest
 
 from zero_core.cli import main
-from zero_core.configuration_time import model_layers, predict
 from zero_core.configurations import CONFIGURATIONS
-from zero_core.time_model import DGX_A100, H100_800G
+from zero_core.planner.configuration_time import model_layers, predict
+from zero_core.planner.time_model import DGX_A100, H100_800G
 
 
 def test_compare_prints_the_four_tables_and_writes_json(tmp_path, capsys) -> None:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from zero_core import configuration_time as ct
 from zero_core import configurations as cf
 from zero_core import formulas
-from zero_core import time_model as tm
-from zero_core.deepspeed_estimators import estimate_zero2_model_states_mem_needs
+from zero_core.planner import configuration_time as ct
+from zero_core.planner import time_model as tm
+from zero_core.planner.deepspeed_estimators import estimate_zero2_model_states_mem_needs
 from zero_core.topology import HIERARCHICAL, RING
 
 PSI, N, G = 70e9, 256, 8

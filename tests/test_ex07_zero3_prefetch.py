@@ -13,7 +13,7 @@ from autograder.harness import CONFIG, graded_stage, train
 from zero_core import memory
 from zero_core.cluster import RankFailed
 from zero_core.stages.zero3 import Zero3
-from zero_core.stages.zero3_prefetching import PrefetchingZero3
+from zero_core.variants.prefetching import PrefetchingZero3
 
 pytestmark = pytest.mark.ex07
 

@@ -13,7 +13,7 @@ from zero_core.model import count_parameters, global_batch, preset
 from zero_core.oracle import accumulated_batch, train_single_device
 from zero_core.stages import TrainConfig, Zero2
 from zero_core.stages.base import OVERFLOW_TAG
-from zero_core.stages.zero2_accumulating import NORM_TAG, AccumulatingZero2
+from zero_core.variants.accumulating import NORM_TAG, AccumulatingZero2
 
 pytestmark = pytest.mark.ex08
 MICRO = TrainConfig(model=preset("micro"), precision="fp32")

@@ -9,11 +9,11 @@ from autograder import ex09
 from autograder.checks import CheckFailed, ObservationInvalid, through_json
 from autograder.harness import graded_stage, train
 from zero_core import dist
+from zero_core.answers.ex09 import hierarchical_all_gather
 from zero_core.cluster import VirtualCluster
-from zero_core.stages.hierarchical_gather import hierarchical_all_gather
-from zero_core.stages.hsdp import this_ranks_groups
 from zero_core.stages.zero3 import Zero3
 from zero_core.topology import HIERARCHICAL, Topology, pass_split
+from zero_core.variants.nodes import this_ranks_groups
 
 pytestmark = pytest.mark.ex09
 

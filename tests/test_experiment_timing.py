@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from zero_core.experiment import RankResult, StageReport, cluster_step_seconds, fenced_steps, run_stage, timed_steps
+from zero_core.experiment import fenced_steps, run_stage
 from zero_core.model import preset
+from zero_core.report import RankResult, StageReport, cluster_step_seconds, timed_steps
 from zero_core.stages import TrainConfig
 
 MICRO = TrainConfig(model=preset("micro"))

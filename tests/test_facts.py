@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from zero_core import facts, time_model
+from zero_core import facts
+from zero_core.planner import time_model
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,13 +1,9 @@
-"""Specification of zero_core.formulas and zero_core.deepspeed_estimators: the paper's numbers, recomputed."""
+"""Specification of zero_core.formulas and zero_core.planner.deepspeed_estimators: the paper's numbers, recomputed."""
 
 import math
 
 import pytest
 
-from zero_core.deepspeed_estimators import (
-    estimate_zero2_model_states_mem_needs,
-    estimate_zero3_model_states_mem_needs,
-)
 from zero_core.formulas import (
     MODEL_STATE_CATEGORIES,
     activation_bytes_checkpointed_per_block,
@@ -26,6 +22,10 @@ from zero_core.formulas import (
     ring_bytes_sent,
     table1,
     table2,
+)
+from zero_core.planner.deepspeed_estimators import (
+    estimate_zero2_model_states_mem_needs,
+    estimate_zero3_model_states_mem_needs,
 )
 from zero_core.units import parse_count
 

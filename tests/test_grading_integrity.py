@@ -21,6 +21,7 @@ from autograder.harness import CONFIG
 from autograder.integrity import StudentShard
 from autograder.sandbox import Limits, grade_notebook, grade_submission
 from autograder.submission import EXERCISES, exercise_module, load
+from tests.fixture_text import fixture_text, wrong_fixtures
 from zero_core.cluster import VirtualCluster
 from zero_core.stages import Zero2, Zero3
 
@@ -58,7 +59,7 @@ def with_paths(text: str) -> str:
 
 @dataclass(frozen=True)
 class WrongSubmission:
-    """One file of tests/fixtures/wrong: its header, and the cell it puts in place of a solution cell."""
+    """One fixture of tests/fixtures/wrong: its header, and the cell it puts in place of a solution cell."""
 
     path: Path
     exercise: str
@@ -74,7 +75,7 @@ class WrongSubmission:
 
     @classmethod
     def read(cls, path: Path) -> WrongSubmission:
-        header, source = with_paths(path.read_text()).split(CELL_MARKER, 1)
+        header, source = with_paths(fixture_text(path)).split(CELL_MARKER, 1)
         meta: dict = {}
         exec(header, meta)
         if "CELL_SOURCE" in source:  # code that is not valid Python is kept in a string
@@ -105,7 +106,7 @@ class WrongSubmission:
         return path
 
 
-WRONG = [WrongSubmission.read(path) for path in sorted(FIXTURES.glob("*.py"))]
+WRONG = [WrongSubmission.read(path) for path in wrong_fixtures()]
 UNUSUAL = [WrongSubmission.read(path) for path in sorted((ROOT / "tests" / "fixtures" / "correct").glob("*.py"))]
 
 

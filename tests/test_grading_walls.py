@@ -79,7 +79,7 @@ def probe(walled: bool, tmp_path: Path) -> dict:
     """The probe's report, run as `grade_notebook` runs its child (walled or not)."""
     from autograder import ex04
 
-    answer = ROOT / "zero_core" / "stages" / "zero3_gather.py"
+    answer = ROOT / "zero_core" / "answers" / "ex04.py"
     scaffolding = ROOT / "zero_core" / "stages" / "zero3.py"
     key = tmp_path / ".grades.csv.key"
     key.write_bytes(b"secret")

@@ -9,14 +9,15 @@ from __future__ import annotations
 import pytest
 
 from zero_core.comm import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER
-from zero_core.experiment import StageReport, equivalence, run_stage
+from zero_core.experiment import equivalence, run_stage
 from zero_core.model import preset
 from zero_core.partition import FlatPartition
+from zero_core.report import StageReport
 from zero_core.stages import TrainConfig
 from zero_core.stages.base import OVERFLOW_TAG
-from zero_core.stages.hpz import HpzZero3
-from zero_core.stages.hsdp import REPLICA_TAG
 from zero_core.topology import Topology
+from zero_core.variants.hpz import HpzZero3
+from zero_core.variants.hsdp import REPLICA_TAG
 
 N, G = 8, 4
 M = N // G

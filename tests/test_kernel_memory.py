@@ -1,7 +1,7 @@
 """The memory the kernel saw (`autograder.kernel_memory`): the audit's figure cross-checked with the grading
 child's resident memory in a sized run, against a reference child's.
 
-The child-graded fixture `ex07_keeps_every_layer_gathered_outside_torch.py` is graded by
+The child-graded fixture `ex07_keeps_every_layer_gathered_outside_torch.patch` is graded by
 tests/test_grading_integrity.py with and without the walls, and loses the memory check in both; here is its
 control (graded in one process, where no kernel counts, it keeps every point), and the verdict's arithmetic.
 """
@@ -107,7 +107,7 @@ def test_copies_outside_torch_keep_every_point_where_no_kernel_counts(tmp_path) 
     """The control of the child-graded fixture: in one process, the audit alone judges memory."""
     from tests.test_grading_integrity import FIXTURES, WrongSubmission, grade_in_process
 
-    wrong = WrongSubmission.read(FIXTURES / "ex07_keeps_every_layer_gathered_outside_torch.py")
+    wrong = WrongSubmission.read(FIXTURES / "ex07_keeps_every_layer_gathered_outside_torch.patch")
     results = grade_in_process(wrong.notebook(tmp_path))
     assert total(results) == (10, 10)
     assert "when the notebook is graded" in next(r.message for r in results if r.name == "test_memory")

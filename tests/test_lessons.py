@@ -148,7 +148,7 @@ def test_the_answer_check_sees_a_printed_reference_function_and_a_solution_cell(
     """The check above can fail: a lesson that prints GatherLinear's source, or pastes ex02's solution."""
     import inspect
 
-    from zero_core.stages.zero3_gather import GatherLinear
+    from zero_core.answers.ex04 import GatherLinear
 
     printed = {"cells": [{"cell_type": "code", "source": "print(inspect.getsource(GatherLinear))",
                           "outputs": [{"output_type": "stream", "text": inspect.getsource(GatherLinear)}]}]}

@@ -32,15 +32,16 @@ from traitlets.config.loader import PyFileConfigLoader
 from autograder.checks import total
 from autograder.sandbox import grade_notebook
 from autograder.submission import exercise_module, is_solution_cell
+from tests.fixture_text import fixture_text
 from tests.test_grading_integrity import with_paths
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
 CLASS = {
-    "ex01_collectives": {"mallory": "wrong/ex01_patches_torch_equal.py"},
+    "ex01_collectives": {"mallory": "wrong/ex01_patches_torch_equal.patch"},
     "ex03_zero2_reduce_scatter_backward": {
-        "bob": "wrong/ex03_all_reduce_instead_of_reduce_scatter.py",
-        "mallory": "wrong/ex03_patches_torch_equal.py",
+        "bob": "wrong/ex03_all_reduce_instead_of_reduce_scatter.patch",
+        "mallory": "wrong/ex03_patches_torch_equal.patch",
         "walter": "wrong/ex03_unwraps_the_shard_for_the_reference_collective.py",
         "ursula": "correct/ex03_logs_gradient_norms_and_helpers.py",
     },
@@ -49,15 +50,15 @@ CLASS = {
         "ursula": "correct/ex04_names_the_reference_in_strings_and_helpers.py",
     },
     "ex06_bucketed_overlap": {
-        "bob": "wrong/ex06_waits_at_once.py",
+        "bob": "wrong/ex06_waits_at_once.patch",
         "mallory": "wrong/ex06_imports_the_reference_by_a_built_name.py",
         "ursula": "correct/ex06_plans_from_the_far_end.py",
-        "zach": "wrong/ex06_rewrites_its_waits_in_the_ledger.py",
+        "zach": "wrong/ex06_rewrites_its_waits_in_the_ledger.patch",
     },
     "ex07_zero3_prefetch": {
-        "bob": "wrong/ex07_gathers_on_demand.py",
+        "bob": "wrong/ex07_gathers_on_demand.patch",
         "ursula": "correct/ex07_prefetches_on_release.py",
-        "zach": "wrong/ex07_keeps_every_layer_gathered_outside_torch.py",
+        "zach": "wrong/ex07_keeps_every_layer_gathered_outside_torch.patch",
     },
     "ex08_clip_and_accumulate": {
         "bob": "wrong/ex08_defers_to_the_last_micro_batch.py",
@@ -68,7 +69,7 @@ CLASS = {
         "ursula": "correct/ex09_one_gather_in_the_node_then_block_swaps.py",
     },
     "ex05_memory_planning": {
-        "bob": "wrong/ex05_wrong_formula.py",
+        "bob": "wrong/ex05_wrong_formula.patch",
         "mallory": "wrong/ex05_forges_the_results_file.py",
         "oscar": "wrong/ex05_patches_the_grader.py",
         "peggy": "wrong/ex05_reads_the_solutions.py",
@@ -93,7 +94,7 @@ def fixture_cell(name: str) -> tuple[str, str, set[str] | None]:
     """(cell id, cell source, checks lost) of a submission in tests/fixtures; None for the checks lost by a
     cell that breaks a rule for graded cells: it loses every check (its `LOSES` is what the nets behind the
     rules make of it, see tests/fixtures/wrong/README.md)."""
-    header, source = with_paths((FIXTURES / name).read_text()).split("# --- cell ---\n", 1)
+    header, source = with_paths(fixture_text(FIXTURES / name)).split("# --- cell ---\n", 1)
     meta: dict = {}
     exec(header, meta)
     return meta["CELL"], source, None if "RULES" in meta else set(meta["LOSES"])

@@ -1,4 +1,4 @@
-"""ZeRO-Offload (zero_core/stages/offload.py): ZeRO-2's training, optimizer states and step on the host."""
+"""ZeRO-Offload (zero_core/variants/offload.py): ZeRO-2's training, optimizer states and step on the host."""
 
 import pytest
 
@@ -6,7 +6,7 @@ from zero_core import memory
 from zero_core.experiment import equivalence, run_stage
 from zero_core.model import preset
 from zero_core.stages import TrainConfig, stage_class
-from zero_core.stages.offload import OffloadZero2
+from zero_core.variants.offload import OffloadZero2
 
 WORLD_SIZE, STEPS = 4, 3
 

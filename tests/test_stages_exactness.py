@@ -7,10 +7,10 @@ import torch
 import torch.nn as nn
 
 from zero_core import dist
+from zero_core.answers.ex03 import ReduceScatterLinear
 from zero_core.experiment import equivalence, run_stage
 from zero_core.model import preset
 from zero_core.stages import TrainConfig
-from zero_core.stages.zero2_linear import ReduceScatterLinear
 
 STEPS = 5
 MICRO = TrainConfig(model=preset("micro"))

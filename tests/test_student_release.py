@@ -74,7 +74,7 @@ def test_check_in_the_release_grades_the_visible_checks_from_the_record(release_
 
 
 def test_a_wrong_answer_loses_its_visible_checks_in_the_release(release_ex02: Path, tmp_path: Path) -> None:
-    wrong = WrongSubmission.read(FIXTURES / "ex02_floor_chunk.py")
+    wrong = WrongSubmission.read(FIXTURES / "ex02_floor_chunk.patch")
     printed = check_in_release(release_ex02, wrong.notebook(tmp_path), exit_code=1)
     lost = {line.split("] ", 1)[1].split(":", 1)[0] for line in printed.splitlines() if line.startswith("[0/")}
     assert lost == {name for name in wrong.loses if not name.startswith("test_hidden")}, printed

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from zero_core import time_model as tm
+from zero_core.planner import time_model as tm
 
 MACHINE = tm.DGX_A100
 

@@ -6,8 +6,9 @@ import json
 
 import pytest
 
-from zero_core.experiment import PHASES, run_stage
+from zero_core.experiment import run_stage
 from zero_core.model import preset
+from zero_core.report import PHASES
 from zero_core.stages import TrainConfig
 from zero_core.trace import chrome_trace, write_trace
 

@@ -167,5 +167,5 @@ def test_a_ledger_rewritten_in_the_child_fools_only_a_grade_without_the_witness(
     from autograder.checks import total
     from tests.test_grading_integrity import FIXTURES, WrongSubmission, grade_in_process
 
-    wrong = WrongSubmission.read(FIXTURES / "ex06_rewrites_its_waits_in_the_ledger.py")
+    wrong = WrongSubmission.read(FIXTURES / "ex06_rewrites_its_waits_in_the_ledger.patch")
     assert total(grade_in_process(wrong.notebook(tmp_path))) == (10, 10)

@@ -17,7 +17,7 @@ from zero_core.cluster import VirtualCluster
 from zero_core.comm import ALL_GATHER, ALL_TO_ALL, REDUCE_SCATTER
 from zero_core.configurations import QUANT_BLOCK_ELEMENTS
 from zero_core.context import current
-from zero_core.experiment import StageReport, equivalence, make_stage, run_stage
+from zero_core.experiment import equivalence, make_stage, run_stage
 from zero_core.model import loss_fn, micro_batch, preset
 from zero_core.partition import FlatPartition
 from zero_core.quantize import (
@@ -29,13 +29,14 @@ from zero_core.quantize import (
     quantize,
     unpack_int4,
 )
+from zero_core.report import StageReport
 from zero_core.stages import TrainConfig, stage_class
 from zero_core.stages.base import OVERFLOW_TAG
-from zero_core.stages.hsdp import node_groups
-from zero_core.stages.qgz import ACROSS_TAG, NODE_TAG, QgzZero3, QuantizedReduceScatter
-from zero_core.stages.qwz import CODES_TAG, SCALES_TAG, QwzZero3, quantized_all_gather
-from zero_core.stages.zeropp import ZeroppZero3
 from zero_core.topology import Topology
+from zero_core.variants.nodes import node_groups
+from zero_core.variants.qgz import ACROSS_TAG, NODE_TAG, QgzZero3, QuantizedReduceScatter
+from zero_core.variants.qwz import CODES_TAG, SCALES_TAG, QwzZero3, quantized_all_gather
+from zero_core.variants.zeropp import ZeroppZero3
 
 N, G = 8, 4
 STEPS = 3

@@ -17,11 +17,9 @@ The cluster never hangs on a mistake:
 - after any failure, ranks still running are stopped (a Python-level loop is interrupted), and the
   cluster is ready for the next `run`.
 
-Ranks take turns on the CPU: at most `max_running` of them (by default, one more than there are cores:
-a rank with a turn often waits a moment for Python's interpreter lock) run their own code at a time,
-and a rank gives up its turn while it waits in a collective. Thirty-two threads all runnable at once
-would mostly trade the interpreter lock back and forth between tiny tensor operations. What each rank
-computes, and the order of every reduction, is the same either way.
+Ranks take turns on the CPU: at most `max_running` of them run their own code at a time, and a rank
+gives up its turn while it waits in a collective (`zero_core.cpu_turns`, the simulator's speed, not
+ZeRO's). What each rank computes, and the order of every reduction, is the same either way.
 """
 
 from __future__ import annotations
@@ -31,19 +29,18 @@ import gc
 import os
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
-from zero_core.backends.base import Backend
+from zero_core.backends.base import Backend, CollectiveCall
 from zero_core.backends.virtual import VirtualBackend
 from zero_core.comm import CommLedger
 from zero_core.context import RankContext, activate
+from zero_core.cpu_turns import CpuTurns
 from zero_core.memory import MemoryTracker
 
 MAX_WORLD_SIZE = 4096
@@ -89,48 +86,6 @@ class RunTimeout(ClusterError):
 
 class RankAborted(BaseException):
     """Raised inside a rank to unwind it after another rank failed (not an error of this rank)."""
-
-
-@dataclass
-class CollectiveCall:
-    """What a rank asked for: ranks must agree on everything here except `tag`, `seq` and `blocking`.
-
-    `group` is the sorted global ranks of the process group the collective runs in, empty for every rank.
-    `blocking`: the rank waits for the result at once (not `async_op`), so the virtual cluster can hand it
-    over in the same turn of its lock as the arrival (`VirtualCluster.exchange`).
-    `VirtualCluster.arrive` stamps `seq`, the call's position in the rank's sequence of collectives in
-    that group: each group numbers its own, as each torch.distributed process group does.
-    """
-
-    op: str
-    dtype: str
-    input_shape: tuple[int, ...]
-    output_shape: tuple[int, ...]
-    reduce_op: str = ""
-    src: int = -1
-    tag: str = ""
-    seq: int = -1
-    group: tuple[int, ...] = ()
-    blocking: bool = False
-
-    def signature(self) -> tuple:
-        return (self.op, self.dtype, self.input_shape, self.output_shape, self.reduce_op, self.src)
-
-    def describe(self) -> str:
-        parts = [f"{self.op} #{self.seq}"]
-        if self.tag:
-            parts.append(f"tag={self.tag!r}")
-        if self.op != "barrier":
-            parts.append(f"{self.dtype} {list(self.input_shape)}")
-            if self.output_shape != self.input_shape:
-                parts.append(f"-> {list(self.output_shape)}")
-        if self.reduce_op:
-            parts.append(f"op={self.reduce_op}")
-        if self.src >= 0:
-            parts.append(f"src={self.src}")
-        if self.group:
-            parts.append(f"in group {list(self.group)}")
-        return " ".join(parts)
 
 
 def _combine_outside_dispatch_modes(combine: Callable[[list[Any]], Any], payloads: list[Any]) -> Any:
@@ -181,12 +136,9 @@ class _Rendezvous:
 class VirtualCluster:
     """N virtual GPUs in one process. `run(fn, *args)` runs `fn` on every rank and returns the results.
 
-    How the ranks take turns: a rank runs only while it holds one of `max_running` CPU slots. A rank
-    that must wait (for a slot, or for the other ranks in a collective) parks on its own lock, and is
-    woken by exactly the rank that hands it a slot; ranks that become runnable queue for slots first
-    come, first served. So no more than `max_running` + 1 threads ever compete for the interpreter,
-    however many ranks wait, and a collective's completion wakes ranks one slot at a time rather than
-    all at once.
+    Ranks meet in collectives through `arrive`, `exchange` and `result`: the last rank to arrive combines
+    every rank's input once. A rank runs its own code only while it holds one of `max_running` turns on
+    the CPU (`zero_core.cpu_turns`), and gives its turn up while it waits in a collective.
     """
 
     def __init__(
@@ -236,15 +188,8 @@ class VirtualCluster:
         self._failure: tuple[int, BaseException] | None = None
         self._running = n
         self._all_done = threading.Event()
-        self._slots = self.max_running
-        """This run's limit: `max_running` until a rank lowers it (`limit_running`); each run starts afresh."""
-        self._free_slots = self._slots
-        self._ready: deque[int] = deque()
-        self._has_slot = [False] * n
-        self._parked = [False] * n
-        self._wakeups = [threading.Lock() for _ in range(n)]
-        for wakeup in self._wakeups:
-            wakeup.acquire()
+        self._turns = CpuTurns(n, self.max_running)
+        """Each run starts afresh with `max_running` turns (`limit_running` lowers them for the run)."""
 
     def run(self, fn: Callable[..., Any], *args: Any, deadline_s: float | None = None, **kwargs: Any) -> list[Any]:
         """Run `fn(*args, **kwargs)` once on every rank, each in its own thread; results in rank order.
@@ -294,7 +239,7 @@ class VirtualCluster:
             tracker=self.trackers[rank],
         )
         try:
-            self._take_slot(rank)
+            self._take_turn(rank)
             with activate(ctx):
                 self._results[rank] = fn(*args, **kwargs)
             self._status[rank] = "finished"
@@ -306,7 +251,7 @@ class VirtualCluster:
                 self._fail(rank, error)
         finally:
             with self._lock:
-                self._pass_slot(rank)
+                self._pass_turn(rank)
                 self._finished[rank] = True
                 self._finished_count += 1
                 self._waiting[rank] = None
@@ -320,9 +265,9 @@ class VirtualCluster:
         """Record the first failure and wake every parked rank, which then unwinds (caller holds the lock)."""
         if self._failure is None:
             self._failure = (rank, error)
-        for parked_rank, parked in enumerate(self._parked):
+        for parked_rank, parked in enumerate(self._turns.parked):
             if parked:
-                self._unpark(parked_rank)
+                self._turns.unpark(parked_rank)
         self._all_done.set()
 
     def _stop(self, threads: list[threading.Thread]) -> None:
@@ -356,98 +301,13 @@ class VirtualCluster:
             done = self._calls_made[rank]
             if call is not None:
                 lines.append(f"  rank {rank}: waiting in {call.describe()}")
-            elif rank in self._ready:
+            elif rank in self._turns.queue:
                 lines.append(f"  rank {rank}: waiting for a turn on the CPU after {done} collective(s)")
             elif self._finished[rank]:
                 lines.append(f"  rank {rank}: {self._status[rank]} after {done} collective(s)")
             else:
                 lines.append(f"  rank {rank}: {self._status[rank]} its own code after {done} collective(s)")
         return "\n".join(lines)
-
-    # -- turns on the CPU --------------------------------------------------------------------------
-
-    def _park(self, rank: int) -> None:
-        """Mark `rank` as asleep on its wakeup lock (caller holds the lock, then waits in `_wait_for_turn`)."""
-        self._parked[rank] = True
-
-    def _unpark(self, rank: int) -> None:
-        """Wake `rank` if it is parked (caller holds the lock)."""
-        if self._parked[rank]:
-            self._parked[rank] = False
-            self._wakeups[rank].release()
-
-    def _grant_slot(self, rank: int) -> None:
-        """Make a waiting rank runnable: give it a free slot and wake it, or queue it (caller holds the lock)."""
-        if self._free_slots > 0:
-            self._free_slots -= 1
-            self._has_slot[rank] = True
-            self._status[rank] = "running"
-            self._unpark(rank)
-        else:
-            self._ready.append(rank)
-
-    def _pass_slot(self, rank: int) -> None:
-        """Give up `rank`'s slot to the rank that has waited longest for one (caller holds the lock)."""
-        if not self._has_slot[rank]:
-            return
-        self._has_slot[rank] = False
-        self._free_slots += 1
-        if self._ready and self._free_slots > 0:
-            self._grant_slot(self._ready.popleft())
-
-    def limit_running(self, max_running: int) -> None:
-        """From now until this run ends, at most `max_running` ranks run their own code at once; any rank
-        may call it, and again with the same limit changes nothing. Ranks holding a slot keep it until they
-        next wait, so the limit holds from each one's next collective on (the slots taken away are simply not
-        handed on). Raising it wakes queued ranks at once."""
-        if max_running < 1:
-            raise ValueError(f"max_running must be at least 1, got {max_running}")
-        with self._lock:
-            self._free_slots += max_running - self._slots
-            self._slots = max_running
-            while self._ready and self._free_slots > 0:
-                self._grant_slot(self._ready.popleft())
-
-    def _take_slot(self, rank: int) -> None:
-        """Wait for a first turn on the CPU, bounded by the timeout like a collective."""
-        with self._lock:
-            self._raise_if_failed()
-            self._park(rank)
-            self._grant_slot(rank)
-        self._wait_for_turn(rank, None)
-
-    def _wait_for_turn(self, rank: int, meeting: _Rendezvous | None) -> None:
-        """Sleep on the rank's wakeup lock until it holds a slot again (and `meeting`, if any, is done).
-
-        A wait that times out says why: the collective never completed, or it did but the ranks holding
-        the slots never reached a collective to hand one over. Decided under the cluster's lock, so a
-        wakeup that lands just as the wait times out is not lost.
-        """
-        deadline = time.monotonic() + self.timeout_s
-        while not self._wakeups[rank].acquire(timeout=max(0.0, deadline - time.monotonic())):
-            with self._lock:
-                if not self._parked[rank]:  # woken just as the wait timed out: the lock is free to take
-                    self._wakeups[rank].acquire()
-                    break
-                if meeting is not None and not meeting.done:
-                    self._parked[rank] = False
-                    raise CollectiveTimeout(
-                        f"{self._waiting[rank].describe()} did not complete within {self.timeout_s} s "
-                        f"(rank {rank} timed out). What each rank was doing:\n{self.describe_ranks()}\n"
-                        "A rank that never reaches this collective is stuck or on another code path."
-                    )
-                if meeting is not None and time.monotonic() < meeting.done_at + self.timeout_s:
-                    deadline = meeting.done_at + self.timeout_s  # it completed late: a full wait for a turn
-                    continue
-                error = CollectiveTimeout(
-                    f"rank {rank} waited {self.timeout_s} s for a turn on the CPU: the ranks running their "
-                    f"own code ({self._slots} at a time) never reached a collective. What each rank "
-                    f"was doing:\n{self.describe_ranks()}"
-                )
-                self._parked[rank] = False
-                self._ready.remove(rank)
-                raise error
-        self._raise_if_failed()
 
     # -- collectives -------------------------------------------------------------------------------
 
@@ -514,7 +374,7 @@ class VirtualCluster:
             del self._pending[group, seq]
             for waiter in meeting.waiters:
                 self._waiting[waiter] = None
-                self._grant_slot(waiter)
+                self._grant_turn(waiter)
             meeting.waiters = []
         return meeting
 
@@ -536,12 +396,12 @@ class VirtualCluster:
         return meeting.result
 
     def _wait_in(self, rank: int, meeting: _Rendezvous, call: CollectiveCall) -> None:
-        """Put `rank` to sleep until `meeting` completes, giving up its slot (caller holds the lock, then
+        """Put `rank` to sleep until `meeting` completes, giving up its turn (caller holds the lock, then
         waits in `_wait_for_turn`)."""
         meeting.waiters.append(rank)
         self._waiting[rank] = call
-        self._park(rank)
-        self._pass_slot(rank)
+        self._turns.park(rank)
+        self._pass_turn(rank)
 
     def _raise_if_failed(self) -> None:
         if self._failure is not None:
@@ -570,6 +430,70 @@ class VirtualCluster:
             "`if rank == ...` branch or a loop whose length depends on the rank."
         )
 
+
+    # -- turns on the CPU --------------------------------------------------------------------------
+
+    def _grant_turn(self, rank: int) -> None:
+        """Make a waiting rank runnable now or when a turn frees up (caller holds the lock)."""
+        if self._turns.grant(rank):
+            self._status[rank] = "running"
+
+    def _pass_turn(self, rank: int) -> None:
+        """Give up `rank`'s turn to the rank that has waited longest for one (caller holds the lock)."""
+        waiter = self._turns.pass_on(rank)
+        if waiter is not None:
+            self._status[waiter] = "running"
+
+    def limit_running(self, max_running: int) -> None:
+        """From now until this run ends, at most `max_running` ranks run their own code at once; any rank
+        may call it, and again with the same limit changes nothing. Ranks holding a turn keep it until they
+        next wait, so the limit holds from each one's next collective on (the turns taken away are simply not
+        handed on). Raising it wakes queued ranks at once."""
+        if max_running < 1:
+            raise ValueError(f"max_running must be at least 1, got {max_running}")
+        with self._lock:
+            for waiter in self._turns.set_limit(max_running):
+                self._status[waiter] = "running"
+
+    def _take_turn(self, rank: int) -> None:
+        """Wait for a first turn on the CPU, bounded by the timeout like a collective."""
+        with self._lock:
+            self._raise_if_failed()
+            self._turns.park(rank)
+            self._grant_turn(rank)
+        self._wait_for_turn(rank, None)
+
+    def _wait_for_turn(self, rank: int, meeting: _Rendezvous | None) -> None:
+        """Sleep until the rank holds a turn again (and `meeting`, if any, is done).
+
+        A wait that times out says why: the collective never completed, or it did but the ranks holding
+        the turns never reached a collective to hand one over. Decided under the cluster's lock, so a
+        wakeup that lands just as the wait times out is not lost.
+        """
+        deadline = time.monotonic() + self.timeout_s
+        while not self._turns.sleep(rank, max(0.0, deadline - time.monotonic())):
+            with self._lock:
+                if not self._turns.parked[rank]:  # woken just as the wait timed out
+                    self._turns.take_late_wakeup(rank)
+                    break
+                if meeting is not None and not meeting.done:
+                    self._turns.stop_waiting(rank)
+                    raise CollectiveTimeout(
+                        f"{self._waiting[rank].describe()} did not complete within {self.timeout_s} s "
+                        f"(rank {rank} timed out). What each rank was doing:\n{self.describe_ranks()}\n"
+                        "A rank that never reaches this collective is stuck or on another code path."
+                    )
+                if meeting is not None and time.monotonic() < meeting.done_at + self.timeout_s:
+                    deadline = meeting.done_at + self.timeout_s  # it completed late: a full wait for a turn
+                    continue
+                error = CollectiveTimeout(
+                    f"rank {rank} waited {self.timeout_s} s for a turn on the CPU: the ranks running their "
+                    f"own code ({self._turns.limit} at a time) never reached a collective. What each rank "
+                    f"was doing:\n{self.describe_ranks()}"
+                )
+                self._turns.stop_waiting(rank)
+                raise error
+        self._raise_if_failed()
 
 INTERCONNECT = (VirtualCluster, _Rendezvous)
 """The interconnect's objects, not any rank's: a walk over what a rank holds (`zero_core.reachable`) stops

@@ -4,7 +4,7 @@ A configuration is a ZeRO stage plus what it changes: where the optimizer lives 
 collective runs over (hpZ's node, HSDP's shard group) and how many bytes an element takes on the wire (qwZ's
 int8, qgZ's int4). From that follow the model-state bytes one GPU holds (and its host, for offload) and the
 bytes it sends per step inside its node and across nodes (`zero_core.topology.pass_split`);
-`zero_core.configuration_time` turns the same collectives into a step time. Ψ (`psi`) parameters on N GPUs
+`zero_core.planner.configuration_time` turns the same collectives into a step time. Ψ (`psi`) parameters on N GPUs
 (`n_gpus`) in nodes of G (`gpus_per_node`); HSDP shares one model copy among S GPUs (`shard_group`).
 Model states only, like ZeRO §5: activations and temporary buffers need room on top.
 
@@ -12,7 +12,7 @@ Sources. The paper's four stages: ZeRO (arXiv:1910.02054) §5, §7, via `zero_co
 ZeRO-Offload (arXiv:2101.06840) keeps the fp16 parameters on the GPU and the gradients, fp32 master weights
 and Adam states, and the Adam step, on the CPU; with stage 3 the GPU keeps its 2Ψ/N of fp16 parameters
 (ZeRO-Infinity, arXiv:2104.07857, and DeepSpeed's `estimate_zero3_model_states_mem_needs`, see
-`zero_core.deepspeed_estimators`). ZeRO++ (arXiv:2306.10209, and DeepSpeed's blogs/zeropp): qwZ all-gathers
+`zero_core.planner.deepspeed_estimators`). ZeRO++ (arXiv:2306.10209, and DeepSpeed's blogs/zeropp): qwZ all-gathers
 weights in int8 with blockwise scales (half of fp16's bytes), hpZ keeps a secondary fp16 copy of the weights
 partitioned over each node so the backward all-gather stays inside it, qgZ replaces the gradient
 reduce-scatter by a hierarchical int4 all-to-all; per step ZeRO-3's cross-node volume falls from 3M to 0.75M
@@ -33,7 +33,7 @@ from zero_core.topology import RING, Topology, pass_split
 FP16_BYTES = 2
 QUANT_BLOCK_ELEMENTS = int(fact("quantization_block_elements").value)
 """Elements per quantization block, each with one fp32 scale: the course's choice, also the block the ZeRO++
-stages quantize with (`zero_core.stages.qwz`, `qgz`). ZeRO++ quantizes blockwise (§3.1) and DeepSpeed sizes
+stages quantize with (`zero_core.variants.qwz`, `qgz`). ZeRO++ quantizes blockwise (§3.1) and DeepSpeed sizes
 blocks per tensor: weights in groups of at most 8000 elements that divide the shard (its `CUDAQuantizer`:
 "the optimal size is 4k"; 4096 for power-of-two shards), gradients one group per row of the 2-D gradient
 (`all_to_all_quant_reduce`). The scales add 4/2048 bytes per element, about 0.2% (0.1% at 4096)."""
@@ -179,7 +179,7 @@ def collectives(config: Configuration, n_gpus: int, gpus_per_node: int) -> list[
     too: the host sends each GPU its updated fp16 partition, ZeRO-Offload §4.2); ZeRO-3 all-gathers parameters
     in forward and in backward and reduce-scatters gradients (ZeRO §7). qwZ sends both all-gathers in int8;
     hpZ's backward all-gather runs over the node (in int8 too with qwZ: DeepSpeed quantizes every gather once
-    quantized weights are on, as `zero_core.stages.zeropp` does); qgZ's gradients go as int4 all-to-all inside the
+    quantized weights are on, as `zero_core.variants.zeropp` does); qgZ's gradients go as int4 all-to-all inside the
     node, then, each GPU holding its node's sum of a 1/G slice, as int4 all-to-all across nodes (ZeRO++ §3.3).
     HSDP runs ZeRO-3's three over its shard group, then all-reduces each 1/S gradient shard over the N/S
     replicas (FSDP2's HSDP; MiCS §3).

@@ -11,13 +11,9 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
-
-if TYPE_CHECKING:
-    from zero_core.comm import RankLedger
-    from zero_core.memory import MemoryTracker
 
 
 @dataclass
@@ -25,7 +21,9 @@ class RankContext:
     """What one rank knows about itself.
 
     `backend` moves the data of collectives (the virtual cluster's rendezvous or torch.distributed);
-    `ledger` and `tracker` count what this rank sends and holds. `step` and `phase` label ledger
+    `ledger` (a `zero_core.comm.RankLedger`) and `tracker` (a `zero_core.memory.MemoryTracker`) count what
+    this rank sends and holds. This module is the bottom layer, which those modules read to find the
+    calling rank, so it names their types without importing them. `step` and `phase` label ledger
     entries and memory events so that reports can be cut per training step and per phase.
     """
 
@@ -33,8 +31,8 @@ class RankContext:
     world_size: int
     generator: torch.Generator
     backend: Any
-    ledger: RankLedger
-    tracker: MemoryTracker
+    ledger: Any
+    tracker: Any
     step: int = 0
     phase: str = ""
     extra: dict[str, Any] = field(default_factory=dict)

@@ -48,8 +48,7 @@ from typing import Any
 import torch
 
 from zero_core import comm
-from zero_core.backends.base import Finish, ReduceOp, reduce_in_rank_order
-from zero_core.cluster import CollectiveCall
+from zero_core.backends.base import CollectiveCall, Finish, ReduceOp, reduce_in_rank_order
 from zero_core.comm import RankLedger
 from zero_core.context import RankContext, current, maybe_current
 

@@ -5,7 +5,7 @@ formula, next to what the paper printed (read from `zero_core/data/facts.toml`, 
 Ψ (`psi`) is the parameter count, N (`n_gpus`) the data-parallel degree, K the optimizer's bytes per
 parameter (12 for mixed-precision Adam: fp32 master weights, momentum and variance). Pure Python, so the
 planner runs without torch. DeepSpeed's own estimators, which differ from the paper, live in
-`zero_core.deepspeed_estimators`.
+`zero_core.planner.deepspeed_estimators`.
 """
 
 from __future__ import annotations

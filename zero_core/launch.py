@@ -6,7 +6,7 @@ One process per rank, gloo on CPU (NCCL when every rank has its own CUDA device)
 with the stage code the virtual cluster runs, through `zero_core.dist` on a `TorchBackend`, so its
 ledger and memory tracker count exactly as a virtual rank's do. Rank 0 gathers every rank's
 measurements (with `torch.distributed.gather_object`, outside the ledger), builds the `StageReport`
-with the virtual run's own code (`experiment.build_report`), and prints the same tables as
+with the virtual run's own code (`report.build_report`), and prints the same tables as
 `python -m zero_core compare`; `--json` writes the same schema.
 
 Failures end in one line per rank, never a hang: bad arguments, no torchrun environment, or a world size
@@ -44,9 +44,10 @@ from zero_core.cli.render import table
 from zero_core.cluster import MAX_WORLD_SIZE
 from zero_core.comm import CommLedger
 from zero_core.context import activate
-from zero_core.experiment import StageReport, build_report, equivalence, run_stage, train_on_rank
+from zero_core.experiment import equivalence, run_stage, train_on_rank
 from zero_core.memory import TrackerSnapshot
 from zero_core.model import PRESETS, count_parameters, preset
+from zero_core.report import StageReport, build_report
 from zero_core.stages import TrainConfig
 from zero_core.stages.base import ZERO1_GRAD_SYNCS
 

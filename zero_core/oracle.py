@@ -16,7 +16,7 @@ import torch
 from zero_core.model import build_model, global_batch, loss_fn, parameter_layers
 from zero_core.partition import flatten
 from zero_core.stages.base import TrainConfig
-from zero_core.stages.zero2_accumulating import accumulation_data_step
+from zero_core.variants.accumulating import accumulation_data_step
 
 
 def train_single_device(

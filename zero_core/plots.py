@@ -21,7 +21,7 @@ from zero_core.stages import stage_class
 from zero_core.units import format_count
 
 if TYPE_CHECKING:
-    from zero_core.experiment import StageReport
+    from zero_core.report import StageReport
 
 STATE_LABELS = {
     memory.PARAM: "param ({precision})",

@@ -26,8 +26,8 @@ from collections.abc import Callable
 from typing import Any
 
 from zero_core.cluster import ClusterError, machine_cores
-from zero_core.experiment import StageReport, run_stage
 from zero_core.memory import TrackerSnapshot
+from zero_core.report import StageReport
 from zero_core.stages import TrainConfig
 
 SMALLEST_WORLD_FOR_WORKERS = 32
@@ -56,6 +56,7 @@ def core_shares(jobs: int) -> list[list[int]]:
 
 
 def train_in_workers(
+    run_stage: Callable[..., StageReport],
     stages: list[int | str],
     world_size: int,
     steps: int,
@@ -65,6 +66,9 @@ def train_in_workers(
     gpus_per_node: int | None = None,
 ) -> list[StageReport]:
     """`run_stage` for each of `stages`, `jobs` at a time in worker processes; the reports in `stages`' order.
+
+    `run_stage` is `zero_core.experiment.run_stage`, handed in (a module-level function: a worker finds it by
+    name) so that this pool does not import what it runs.
 
     `on_step(step)` runs here, in the calling process, after any stage's rank 0 finishes a step.
     """
@@ -77,7 +81,7 @@ def train_in_workers(
     shares = core_shares(min(jobs, len(stages)))
     for _ in shares:
         tasks.put(None)
-    run = (world_size, steps, config, gpus_per_node)
+    run = (run_stage, world_size, steps, config, gpus_per_node)
     workers = [context.Process(target=_work, args=(share, tasks, results, run), daemon=True) for share in shares]
     for worker in workers:
         worker.start()
@@ -148,7 +152,7 @@ def _work(share: list[int], tasks: Any, results: Any, run: tuple) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the caller, which stops the workers: one message
     if share and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, share)  # the cluster sizes its CPU slots from this (`VirtualCluster`)
-    world_size, steps, config, gpus_per_node = run
+    run_stage, world_size, steps, config, gpus_per_node = run
     while (item := tasks.get()) is not None:
         index, stage = item
         results.put(("started", index, os.getpid()))

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from zero_core.stages import NAMED_STAGE_NAMES, stage_class
 
 if TYPE_CHECKING:
-    from zero_core.experiment import StageReport
+    from zero_core.report import StageReport
 
 US_PER_S = 1e6
 

@@ -17,12 +17,52 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 
-if TYPE_CHECKING:
-    from zero_core.cluster import CollectiveCall
+
+@dataclass
+class CollectiveCall:
+    """What a rank asked for: ranks must agree on everything here except `tag`, `seq` and `blocking`.
+
+    `group` is the sorted global ranks of the process group the collective runs in, empty for every rank.
+    `blocking`: the rank waits for the result at once (not `async_op`), so the virtual cluster can hand it
+    over in the same turn of its lock as the arrival (`VirtualCluster.exchange`).
+    `VirtualCluster.arrive` stamps `seq`, the call's position in the rank's sequence of collectives in
+    that group: each group numbers its own, as each torch.distributed process group does.
+    """
+
+    op: str
+    dtype: str
+    input_shape: tuple[int, ...]
+    output_shape: tuple[int, ...]
+    reduce_op: str = ""
+    src: int = -1
+    tag: str = ""
+    seq: int = -1
+    group: tuple[int, ...] = ()
+    blocking: bool = False
+
+    def signature(self) -> tuple:
+        return (self.op, self.dtype, self.input_shape, self.output_shape, self.reduce_op, self.src)
+
+    def describe(self) -> str:
+        parts = [f"{self.op} #{self.seq}"]
+        if self.tag:
+            parts.append(f"tag={self.tag!r}")
+        if self.op != "barrier":
+            parts.append(f"{self.dtype} {list(self.input_shape)}")
+            if self.output_shape != self.input_shape:
+                parts.append(f"-> {list(self.output_shape)}")
+        if self.reduce_op:
+            parts.append(f"op={self.reduce_op}")
+        if self.src >= 0:
+            parts.append(f"src={self.src}")
+        if self.group:
+            parts.append(f"in group {list(self.group)}")
+        return " ".join(parts)
 
 
 class ReduceOp(enum.Enum):

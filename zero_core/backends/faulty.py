@@ -15,9 +15,8 @@ import time
 
 import torch
 
-from zero_core.backends.base import Finish, ReduceOp
+from zero_core.backends.base import CollectiveCall, Finish, ReduceOp
 from zero_core.backends.torch_distributed import TorchBackend
-from zero_core.cluster import CollectiveCall
 from zero_core.context import current
 
 EXIT_CODE = 3

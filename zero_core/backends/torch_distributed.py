@@ -46,8 +46,7 @@ import torch
 import torch.distributed as torch_dist
 from torch.utils._python_dispatch import _disable_current_modes as _interconnect
 
-from zero_core.backends.base import Finish, ReduceOp, accumulation_dtype, divide_by_world_size
-from zero_core.cluster import CollectiveCall
+from zero_core.backends.base import CollectiveCall, Finish, ReduceOp, accumulation_dtype, divide_by_world_size
 from zero_core.comm import RankLedger
 from zero_core.context import RankContext
 from zero_core.memory import MemoryTracker

@@ -11,14 +11,25 @@ that every ZeRO stage trains to the same weights.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
-from zero_core.backends.base import Finish, ReduceOp, reduce_in_rank_order
+from zero_core.backends.base import CollectiveCall, Finish, ReduceOp, reduce_in_rank_order
 
-if TYPE_CHECKING:
-    from zero_core.cluster import CollectiveCall, VirtualCluster
+
+class Rendezvous(Protocol):
+    """What a rank's backend needs of the virtual cluster (`zero_core.cluster.VirtualCluster`): its size and
+    the meeting point of the ranks' collectives. Named here so that the backend does not import the cluster,
+    which imports the backend."""
+
+    world_size: int
+
+    def arrive(self, rank: int, call: CollectiveCall, payload: Any, combine: Callable[[list[Any]], Any]) -> Any: ...
+
+    def exchange(self, rank: int, call: CollectiveCall, payload: Any, combine: Callable[[list[Any]], Any]) -> Any: ...
+
+    def result(self, rank: int, meeting: Any) -> Any: ...
 
 
 def concatenate_in_rank_order(inputs: list[torch.Tensor], shape: tuple[int, ...]) -> torch.Tensor:
@@ -51,7 +62,7 @@ class VirtualBackend:
 
     name = "virtual"
 
-    def __init__(self, cluster: VirtualCluster, rank: int) -> None:
+    def __init__(self, cluster: Rendezvous, rank: int) -> None:
         self.cluster = cluster
         self.rank = rank
         self.world_size = cluster.world_size

@@ -23,15 +23,12 @@ import socket
 import struct
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from zero_core.backends.base import Finish, ReduceOp
-from zero_core.backends.virtual import VirtualBackend
-
-if TYPE_CHECKING:
-    from zero_core.cluster import CollectiveCall, VirtualCluster
+from zero_core.backends.base import CollectiveCall, Finish, ReduceOp
+from zero_core.backends.virtual import Rendezvous, VirtualBackend
 
 DTYPES = {str(d).removeprefix("torch."): d for d in (torch.float32, torch.float64, torch.bfloat16, torch.float16,
                                                       torch.int8, torch.uint8, torch.int32, torch.int64, torch.bool)}
@@ -172,7 +169,7 @@ class WitnessedBackend(VirtualBackend):
 
     name = "witnessed"
 
-    def __init__(self, cluster: VirtualCluster, rank: int, link: WitnessLink) -> None:
+    def __init__(self, cluster: Rendezvous, rank: int, link: WitnessLink) -> None:
         super().__init__(cluster, rank)
         self.link = link
 

@@ -26,12 +26,13 @@ from zero_core.cli import predicted
 from zero_core.cli.errors import UsageError
 from zero_core.cli.render import mb, table
 from zero_core.cluster import MAX_WORLD_SIZE
-from zero_core.experiment import Equivalence, StageReport, compare_stages, equivalence
+from zero_core.experiment import Equivalence, compare_stages, equivalence
 from zero_core.model import PRESETS, count_parameters, preset
+from zero_core.planner.time_model import MACHINES
+from zero_core.report import StageReport
 from zero_core.stage_pool import SMALLEST_WORLD_FOR_WORKERS, core_shares, default_jobs
 from zero_core.stages import NAMED_STAGE_NAMES, TrainConfig, stage_class
 from zero_core.stages.base import OVERFLOW_TAG, ZERO1_GRAD_SYNCS
-from zero_core.time_model import MACHINES
 from zero_core.topology import ALGORITHMS, RING, Topology
 from zero_core.trace import write_trace
 

@@ -2,7 +2,7 @@
 
 One row per configuration of `zero_core.configurations` for Ψ on N GPUs in nodes of G: GPU and host bytes
 per GPU, bytes sent per GPU per step inside and across nodes, PCIe bytes, the predicted step time on a
-`zero_core.time_model` machine (`zero_core.configuration_time`) and whether the model states fit.
+`zero_core.planner.time_model` machine (`zero_core.planner.configuration_time`) and whether the model states fit.
 """
 
 from __future__ import annotations
@@ -10,10 +10,11 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from zero_core import configuration_time, configurations
+from zero_core import configurations
 from zero_core.cli.errors import UsageError
 from zero_core.cli.render import table
-from zero_core.time_model import MACHINES, Machine
+from zero_core.planner import configuration_time
+from zero_core.planner.time_model import MACHINES, Machine
 from zero_core.units import format_seconds
 
 DEFAULT_TOKENS_PER_GPU = 4096
@@ -137,6 +138,6 @@ NOTES = (
     "G = GPUs per node, S = HSDP's shard group. hpZ's 2Ψ/G is its secondary fp16 copy of the weights; qwZ\n"
     "and qgZ send int8 and int4 with one fp32 scale per 2048 elements; offload keeps fp32 master weights, Adam\n"
     "states and the gradient partition on the host (14Ψ/N per GPU) and moves 2Ψ/N over PCIe each way.\n"
-    "Step time: `zero_core.configuration_time` (compute and collectives overlapped per layer, α-β links, host\n"
+    "Step time: `zero_core.planner.configuration_time` (compute and collectives overlapped per layer, α-β links, host\n"
     "Adam at the node's DRAM bandwidth); model states only, activations need room on top."
 )

@@ -1,7 +1,7 @@
 """`compare`'s predicted step times: each measured stage's schedule on a named machine.
 
 The virtual cluster measures bytes and memory, not a GPU's seconds. The time model does the seconds
-(`zero_core.time_model`, lesson 9): each stage runs its configuration's collectives (`STAGE_CONFIGURATIONS`)
+(`zero_core.planner.time_model`, lesson 9): each stage runs its configuration's collectives (`STAGE_CONFIGURATIONS`)
 on a compute, a network and a PCIe stream, with the overlap its schedule allows, on `--machine` with the run's
 N and nodes of G. Twice: for the run's own model (its layers and measured FLOPs; so small that every
 collective is latency), and for a GPT of `--predict-params` parameters at `--tokens-per-gpu`, where
@@ -15,11 +15,11 @@ from typing import Any
 
 from zero_core.cli.errors import UsageError
 from zero_core.cli.render import table
-from zero_core.configuration_time import predict_report
 from zero_core.configurations import CONFIGURATIONS, STAGE_CONFIGURATIONS
-from zero_core.experiment import StageReport
+from zero_core.planner.configuration_time import predict_report
+from zero_core.planner.time_model import MACHINES, StepPrediction, tokens_per_s
+from zero_core.report import StageReport
 from zero_core.stages import stage_class
-from zero_core.time_model import MACHINES, StepPrediction, tokens_per_s
 from zero_core.topology import Topology
 from zero_core.units import format_count, format_seconds, parse_count
 
@@ -119,8 +119,8 @@ def render(found: list[dict[str, Any]], topology: Topology, args: argparse.Names
     whose = "" if getattr(args, "gpus_per_node", None) else " (the machine's; --gpus-per-node sets them)"
     title = (
         f"Predicted step time on {MACHINES[args.machine].name} (--machine), N = {topology.world_size} in nodes of "
-        f"{topology.gpus_per_node}{whose} (zero_core.time_model: compute, network and PCIe streams, overlapped as each "
-        f"schedule allows);\nfirst this run's model, then a GPT of Ψ = {format_count(psi)} at {tokens:,} tokens "
-        "per GPU (--predict-params, --tokens-per-gpu)"
+        f"{topology.gpus_per_node}{whose} (zero_core.planner.time_model: compute, network and PCIe streams, "
+        f"overlapped as each schedule allows);\nfirst this run's model, then a GPT of Ψ = {format_count(psi)} at "
+        f"{tokens:,} tokens per GPU (--predict-params, --tokens-per-gpu)"
     )
     return table(headers, body, title=title)

@@ -25,7 +25,7 @@ from zero_core.cli import configs as config_table
 from zero_core.cli.compare import add_topology_arguments, link_title, links_asked, topology_of
 from zero_core.cli.errors import UsageError
 from zero_core.cli.render import table
-from zero_core.deepspeed_estimators import (
+from zero_core.planner.deepspeed_estimators import (
     estimate_zero2_model_states_mem_needs,
     estimate_zero3_model_states_mem_needs,
 )

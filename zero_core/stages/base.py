@@ -19,16 +19,14 @@ weight and bias are flattened together and split by a `FlatPartition`. `Replicat
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 import torch.nn as nn
 
-from zero_core import dist, memory
+from zero_core import dist, memory, registry
 from zero_core.context import current, phase
 from zero_core.model import GPTConfig, initial_values, loss_fn, micro_batch, model_skeleton, parameter_layers
 from zero_core.optim import AdamConfig, AdamShard, LossScaler, has_overflow, precision_dtype
@@ -107,14 +105,6 @@ def layer_tag(what: str, layer: str) -> str:
     return f"{what} {layer}"
 
 
-def named_object(value: Any) -> Any:
-    """`value`, or for a string "package.module:Name" the object it names, imported now."""
-    if not isinstance(value, str):
-        return value
-    module, _, name = value.partition(":")
-    return getattr(importlib.import_module(module), name)
-
-
 class ZeroStage:
     """The training loop every stage runs; subclasses say where parameters, gradients and states live."""
 
@@ -128,12 +118,12 @@ class ZeroStage:
     partitions_optimizer_states = True
     pads_buffers = True
     """Whether the communicated buffers are padded to a multiple of N (reduce-scatter and all-gather need it)."""
-    FUNCTIONS: dict[type[nn.Module], type[torch.autograd.Function] | str] = {}
+    FUNCTIONS: dict[type[nn.Module], type[torch.autograd.Function] | registry.Answer] = {}
     """The autograd Function each kind of parameter layer runs through (ZeRO-2/3; plain autograd otherwise).
 
-    A Function named by a string, "module:Name", is imported only when a stage really runs it: the
-    Functions the exercises ask for live in modules of their own, so the grader can train a stage with a
-    student's Function without the reference one ever being loaded (`named_object`)."""
+    A Function an exercise asks for is named by the registry (`registry.answer("ex03", ...)`) and imported
+    only when a stage really runs it, so the grader can train a stage with a student's Function without the
+    reference one ever being loaded (`registry.resolve`)."""
 
     def __init__(
         self, config: TrainConfig, functions: dict[type[nn.Module], type[torch.autograd.Function]] | None = None
@@ -141,7 +131,7 @@ class ZeroStage:
         """`functions` replaces some of the stage's layer Functions (how exercises plug in students' code)."""
         ctx = current()
         self.config = config
-        self.functions = {kind: named_object(f) for kind, f in {**self.FUNCTIONS, **(functions or {})}.items()}
+        self.functions = {kind: registry.resolve(f) for kind, f in {**self.FUNCTIONS, **(functions or {})}.items()}
         self.rank, self.world_size = ctx.rank, ctx.world_size
         self.device = ctx.device
         """Where every buffer of the stage lives (the rank's GPU under NCCL): the model is built on the CPU,

@@ -6,7 +6,8 @@ whose backward computes the layer's weight and bias gradients by hand, reduce-sc
 no `.grad` is ever filled. At most one layer's gradient is alive at a time, in a transient bucket.
 
 The Linear layers' Function, `ReduceScatterLinear`, is exercise ex03's answer: it lives in
-`zero2_linear.py`, imported only when a stage runs it, so the grader can train ZeRO-2 without it.
+`zero_core/answers/ex03.py`, named through `zero_core.registry` and imported only when a stage runs it,
+so the grader can train ZeRO-2 without it.
 
 On the wire it is ZeRO-1 exactly: a reduce-scatter of every gradient, an all-gather of every updated
 parameter, 2Ψ per step. What changes is *when* the gradient is reduced, and so what stays resident.
@@ -20,7 +21,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from zero_core import memory
+from zero_core import memory, registry
 from zero_core.partition import unflatten
 from zero_core.stages.base import Layer
 from zero_core.stages.sharding import FunctionLayer, InFlightReduceScatter, LayerShard, swap_module
@@ -71,7 +72,7 @@ class Zero2(Zero1):
     partitioned = "+ gradients"
     memory_formula = "2Ψ + 14Ψ/N"
     FUNCTIONS = {
-        nn.Linear: "zero_core.stages.zero2_linear:ReduceScatterLinear",
+        nn.Linear: registry.answer("ex03", "ReduceScatterLinear"),
         nn.Embedding: ReduceScatterEmbedding,
         nn.LayerNorm: ReduceScatterLayerNorm,
     }

@@ -7,8 +7,8 @@ gathered weights), and in backward gathers them again, computes the gradients, r
 parameters and reduce-scatters the gradients as ZeRO-2 does. Peak gathered memory is one layer.
 
 The Linear and Embedding Functions, `GatherLinear` and `GatherEmbedding`, are exercise ex04's answer:
-they live in `zero3_gather.py`, imported only when a stage runs them, so the grader can train ZeRO-3
-without them.
+they live in `zero_core/answers/ex04.py`, named through `zero_core.registry` and imported only when a stage
+runs them, so the grader can train ZeRO-3 without them.
 
 On the wire: an all-gather in forward, one in backward, a reduce-scatter: 3Ψ per step, 1.5x data
 parallelism (ZeRO §7.2.2), in three times as many collectives as layers.
@@ -21,7 +21,7 @@ from collections.abc import Mapping
 import torch
 import torch.nn as nn
 
-from zero_core import memory
+from zero_core import memory, registry
 from zero_core.stages.sharding import FunctionLayer, InFlightReduceScatter, LayerShard, swap_module
 from zero_core.stages.zero2 import Zero2
 
@@ -56,8 +56,8 @@ class Zero3(Zero2):
     partitioned = "+ parameters"
     memory_formula = "16Ψ/N"
     FUNCTIONS = {
-        nn.Linear: "zero_core.stages.zero3_gather:GatherLinear",
-        nn.Embedding: "zero_core.stages.zero3_gather:GatherEmbedding",
+        nn.Linear: registry.answer("ex04", "GatherLinear"),
+        nn.Embedding: registry.answer("ex04", "GatherEmbedding"),
         nn.LayerNorm: GatherLayerNorm,
     }
 
