@@ -19,12 +19,13 @@ GRADE_LIMITS := --time-limit 120 --check-time-limit 30
 comma := ,
 space := $(subst ,, )
 
-# The oldest torch the package accepts (pyproject.toml), and what must work on it: the real backend.
+# The oldest and the newest torch the package accepts (pyproject.toml), and what must work on both: the real
+# backend. Each gets a venv of its own (`make test-oldest-torch`, `make test-newest-torch`).
 OLDEST_TORCH := 2.6.0
-OLDEST_VENV := .venv-oldest-torch
-OLDEST_TORCH_TESTS := tests/test_torch_backend.py tests/test_launch.py tests/test_dist.py
+NEWEST_TORCH := 2.15.0
+TORCH_EDGE_TESTS := tests/test_torch_backend.py tests/test_launch.py tests/test_dist.py
 
-.PHONY: demo test test-oldest-torch lint lab release student-release autograde scores feedback grade bench clean
+.PHONY: demo test test-oldest-torch test-newest-torch lint lab release student-release autograde scores feedback grade bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11 or newer is needed (found " + sys.version.split()[0] + "); set PYTHON=python3.11")'
@@ -38,30 +39,36 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
-# In CI (CI=true) the same command also runs the real backend's tests on the oldest supported torch.
+# In CI (CI=true) the same command also runs the real backend's tests on the oldest and the newest supported torch.
 test: lint
 	$(PY) -m pytest -q
-	$(if $(filter true,$(CI)),$(MAKE) --no-print-directory test-oldest-torch)
+	$(if $(filter true,$(CI)),$(MAKE) --no-print-directory test-oldest-torch test-newest-torch)
 
-# PyPI's torch 2.6 for Linux is the CUDA build: about 5 GB installed, once, in its own venv.
-$(OLDEST_VENV)/.installed: pyproject.toml constraints.txt
-	test -x $(OLDEST_VENV)/bin/python || $(PYTHON) -m venv $(OLDEST_VENV)
-	grep -v '^torch==' constraints.txt > $(OLDEST_VENV)/constraints.txt
-	$(OLDEST_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -c $(OLDEST_VENV)/constraints.txt \
-		torch==$(OLDEST_TORCH) numpy tqdm psutil pytest pytest-timeout
-	$(OLDEST_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
+# A venv with torch $(2) and what the backend's tests need: `make test-$(1)-torch`. PyPI's torch for Linux is
+# the CUDA build: about 5 GB installed, once per venv. PIP_CONSTRAINT replaces any machine-wide constraint file
+# of pip's (one that caps torch below $(2) would make the install impossible); the course's own pins still apply.
+define TORCH_EDGE
+.venv-$(1)-torch/.installed: pyproject.toml constraints.txt
+	test -x .venv-$(1)-torch/bin/python || $$(PYTHON) -m venv .venv-$(1)-torch
+	grep -v '^torch==' constraints.txt > .venv-$(1)-torch/constraints.txt
+	PIP_CONSTRAINT=.venv-$(1)-torch/constraints.txt .venv-$(1)-torch/bin/python -m pip install --quiet \
+		--disable-pip-version-check torch==$(2) numpy tqdm psutil pytest pytest-timeout
+	.venv-$(1)-torch/bin/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
 	sync  # 5 GB just written: let the disk settle before the timed multi-process tests start
-	$(OLDEST_VENV)/bin/python -c 'import torch, torch.distributed.run, zero_core.launch'
-	# One untimed two-process launch first: the first launches from a fresh venv of this torch were twice seen
+	.venv-$(1)-torch/bin/python -c 'import torch, torch.distributed.run, zero_core.launch'
+	# One untimed two-process launch first: the first launches from a fresh venv of torch 2.6 were twice seen
 	# to outlast the tests' 110 s limit, while warm ones take 4-5 s.
-	timeout 300 $(OLDEST_VENV)/bin/python -m torch.distributed.run --standalone --nproc-per-node=2 -m zero_core.launch \
-		--preset micro --stages 0,3 --steps 1 --no-progress --check-virtual > /dev/null \
+	timeout 300 .venv-$(1)-torch/bin/python -m torch.distributed.run --standalone --nproc-per-node=2 \
+		-m zero_core.launch --preset micro --stages 0,3 --steps 1 --no-progress --check-virtual > /dev/null \
 		|| echo "the warm-up launch did not finish within 300 s; the tests below say more"
-	touch $@
+	touch $$@
 
-test-oldest-torch: $(OLDEST_VENV)/.installed
-	$(OLDEST_VENV)/bin/python -c 'import torch; print("the real backend on the oldest supported torch,", torch.__version__)'
-	$(OLDEST_VENV)/bin/python -m pytest -q -p no:cacheprovider $(OLDEST_TORCH_TESTS)
+test-$(1)-torch: .venv-$(1)-torch/.installed
+	.venv-$(1)-torch/bin/python -c 'import torch; print("the real backend on the $(1) supported torch,", torch.__version__)'
+	.venv-$(1)-torch/bin/python -m pytest -q -p no:cacheprovider $$(TORCH_EDGE_TESTS)
+endef
+$(eval $(call TORCH_EDGE,oldest,$(OLDEST_TORCH)))
+$(eval $(call TORCH_EDGE,newest,$(NEWEST_TORCH)))
 
 # A learner's own copies first, in work/ (git-ignored; autograder/workspace.py): running a lesson or answering an
 # exercise never changes a tracked notebook. The venv's bin first on PATH: the lab's terminals then run the course's
@@ -118,4 +125,4 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_memory_audit.py
 
 clean:
-	rm -rf $(VENV) $(OLDEST_VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .venv-oldest-torch .venv-newest-torch .pytest_cache .ruff_cache

@@ -33,12 +33,15 @@ def test_the_pins_are_what_the_package_accepts_one_per_requirement() -> None:
         assert requirement.specifier.contains(pinned.version), f"{name}=={pinned.version} is outside {requirement}"
 
 
-def test_torch_is_a_range_from_the_oldest_tested_to_the_pinned_cpu_build() -> None:
+def test_torch_is_a_range_from_the_oldest_tested_to_the_newest_tested_with_the_cpu_build_pinned() -> None:
     (torch,) = [r for r in pyproject_requirements() if r.name == "torch"]
-    oldest = re.search(r"^OLDEST_TORCH := (\S+)$", (ROOT / "Makefile").read_text(), flags=re.M).group(1)
+    makefile = (ROOT / "Makefile").read_text()
+    oldest = re.search(r"^OLDEST_TORCH := (\S+)$", makefile, flags=re.M).group(1)
+    newest = re.search(r"^NEWEST_TORCH := (\S+)$", makefile, flags=re.M).group(1)
     assert "torch==2.13.0" in constraint_pins()
-    assert torch.specifier.contains(oldest) and torch.specifier.contains("2.13.0")
-    assert not torch.specifier.contains("2.5.1") and not torch.specifier.contains("2.14.0")
+    assert all(torch.specifier.contains(v) for v in (oldest, "2.13.0", newest))
+    assert not torch.specifier.contains("2.5.1") and not torch.specifier.contains("2.16.0")
+    assert "test-oldest-torch test-newest-torch" in makefile, "CI runs both ends of the range"
 
 
 def test_environment_yml_installs_the_constraints() -> None:
