@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from zero_core.cli import main
-from zero_core.configurations import CONFIGURATIONS
+from zero_core.configurations import CONFIGURATIONS, FORMULA_NOTES
 from zero_core.planner.configuration_time import model_layers, predict
 from zero_core.planner.time_model import DGX_A100, H100_800G
 
@@ -35,6 +35,15 @@ def test_compare_prints_the_four_tables_and_writes_json(tmp_path, capsys) -> Non
         assert stage["comm_inter_node_bytes_per_step_max"] == 0
         assert stage["comm_intra_node_psi_per_step"] == pytest.approx(stage["comm_psi_per_step"])
 
+
+
+def test_compare_says_under_the_model_states_why_offload_is_not_tables_2_psi(capsys) -> None:
+    argv = ["compare", "--world-size", "2", "--steps", "1", "--preset", "micro", "--stages", "2,offload"]
+    assert main([*argv, "--no-progress"]) == 0
+    text = capsys.readouterr().out
+    states = text[text.index("Model states per GPU") : text.index("Equivalence")]
+    assert "2Ψ + 2Ψ/N" in states
+    assert states.rstrip().endswith(FORMULA_NOTES["zero2+offload"])
 
 def compare_on_nodes(tmp_path, capsys, collectives: str) -> tuple[str, dict]:
     out = tmp_path / "nodes.json"

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from zero_core.cli import main
+from zero_core.configurations import FORMULA_NOTES
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -189,6 +190,15 @@ def test_table_adds_configurations_only_when_asked(capsys) -> None:
     assert "16Ψ/N + 2Ψ/G" in zeropp and "21.88 GB" in zeropp and " s " in zeropp
     assert "17.50 GB" in next(line for line in block.splitlines() if line.startswith("HSDP, S = 64"))
 
+
+
+def test_table_says_under_the_configurations_why_compare_counts_offload_and_hpz_otherwise(capsys) -> None:
+    argv = ["table", "--params", "7.5B", "--gpus", "64", "--configs"]
+    _, out, _ = run_cli([*argv, "zero3,zero2+offload,zero3+hpz,zeropp"], capsys)
+    notes = [line for line in out.splitlines() if line in FORMULA_NOTES.values()]
+    assert notes == [FORMULA_NOTES["zero2+offload"], FORMULA_NOTES["zero3+hpz"]]
+    _, out, _ = run_cli([*argv, "zero3,zero3+offload,hsdp"], capsys)
+    assert not set(out.splitlines()) & set(FORMULA_NOTES.values())
 
 def test_table_json_carries_the_configurations(tmp_path, capsys) -> None:
     path = tmp_path / "configs.json"

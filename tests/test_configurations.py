@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 
 from zero_core import configurations as cf
-from zero_core import formulas
+from zero_core import formulas, registry, report
 from zero_core.planner import configuration_time as ct
 from zero_core.planner import time_model as tm
 from zero_core.planner.deepspeed_estimators import estimate_zero2_model_states_mem_needs
+from zero_core.quantize import INT4_BYTES, INT8_BYTES
 from zero_core.topology import HIERARCHICAL, RING
 
 PSI, N, G = 70e9, 256, 8
@@ -43,7 +44,7 @@ def test_qwz_sends_each_weight_all_gather_in_int8_plus_one_scale_per_block() -> 
 
 def test_zeropp_cuts_zero3s_inter_node_bytes_to_a_quarter_up_to_scales() -> None:
     zero3, zeropp = sent("zero3", HIERARCHICAL), sent("zeropp", HIERARCHICAL)
-    assert zeropp.inter_node_bytes / zero3.inter_node_bytes == pytest.approx((cf.INT8_BYTES + cf.INT4_BYTES) / 6)
+    assert zeropp.inter_node_bytes / zero3.inter_node_bytes == pytest.approx((INT8_BYTES + INT4_BYTES) / 6)
     assert zeropp.inter_node_bytes / zero3.inter_node_bytes == pytest.approx(0.25, rel=0.01)
 
 
@@ -115,3 +116,17 @@ def test_offload_needs_a_machine_with_host_figures() -> None:
     bare = tm.DGX_H100.with_(pcie_bandwidth=0.0)
     with pytest.raises(ValueError, match="PCIe"):
         ct.predict(C["zero2+offload"], ct.model_layers(PSI, 512), bare, N)
+
+
+def test_every_stage_runs_a_configuration_whose_two_counts_differ_only_where_a_note_says_why() -> None:
+    """`compare` sets a stage beside `simulated_gpu_bytes`, `table` prints `gpu_bytes`: one home, two counts."""
+    for stage in (*registry.PAPER_STAGES, *registry.NAMED_STAGE_NAMES):
+        config = report.stage_configuration(stage)
+        same = cf.simulated_gpu_bytes(config, PSI, N, G) == cf.gpu_bytes(config, PSI, N, G)
+        assert same == (config.name not in cf.FORMULA_NOTES), config.name
+    assert cf.simulated_gpu_bytes(C["zero2+offload"], PSI, N, G) - cf.gpu_bytes(C["zero2+offload"], PSI, N, G) == (
+        pytest.approx(2 * PSI / N)
+    )
+    assert cf.gpu_bytes(C["zeropp"], PSI, N, G) - cf.simulated_gpu_bytes(C["zeropp"], PSI, N, G) == pytest.approx(
+        cf.secondary_bytes(C["zeropp"], PSI, G)
+    )

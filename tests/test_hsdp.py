@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from zero_core import configurations
 from zero_core.comm import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER
 from zero_core.experiment import equivalence, run_stage
 from zero_core.model import preset
@@ -16,7 +17,6 @@ from zero_core.report import StageReport
 from zero_core.stages import TrainConfig
 from zero_core.stages.base import OVERFLOW_TAG
 from zero_core.topology import Topology
-from zero_core.variants.hpz import HpzZero3
 from zero_core.variants.hsdp import REPLICA_TAG
 
 N, G = 8, 4
@@ -137,6 +137,6 @@ def test_hpz_sends_two_thirds_of_zero3s_bytes_across_nodes(reports):
 def test_hpz_keeps_zero3s_model_states_and_adds_the_secondary_partition_at_its_peak(reports):
     zero3, hpz = reports[3], reports["hpz"]
     assert hpz.model_state_bytes_mean == zero3.model_state_bytes_mean == 16 * hpz.psi / N
-    secondary = HpzZero3.formula_secondary_bytes(hpz.psi, G)
+    secondary = configurations.secondary_bytes(configurations.CONFIGURATIONS["zero3+hpz"], hpz.psi, G)
     extra = hpz.peak_bytes_by_category_max["gather.fp16"] - zero3.peak_bytes_by_category_max["gather.fp16"]
     assert secondary * 0.75 < extra <= secondary + sum(FlatPartition(n, G).padding for n in layer_numels(hpz)) * 2

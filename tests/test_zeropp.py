@@ -12,15 +12,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from zero_core import dist, memory
+from zero_core import configurations, dist, memory
 from zero_core.cluster import VirtualCluster
 from zero_core.comm import ALL_GATHER, ALL_TO_ALL, REDUCE_SCATTER
-from zero_core.configurations import QUANT_BLOCK_ELEMENTS
 from zero_core.context import current
 from zero_core.experiment import equivalence, make_stage, run_stage
 from zero_core.model import loss_fn, micro_batch, preset
 from zero_core.partition import FlatPartition
 from zero_core.quantize import (
+    QUANT_BLOCK_ELEMENTS,
+    all_gather_bytes,
+    all_to_all_bytes,
     code_bytes_per_row,
     dequantize,
     error_bound,
@@ -41,6 +43,7 @@ from zero_core.variants.zeropp import ZeroppZero3
 N, G = 8, 4
 STEPS = 3
 TOPOLOGY = Topology(N, G)
+ZEROPP = configurations.CONFIGURATIONS["zeropp"]
 LR = TrainConfig().adam.lr
 ADAM_REACH = 2 * STEPS * LR * 1.01
 """Two Adam runs can put a weight at most this far apart: each step moves it by |m̂|/√v̂·lr ≤ 1.0035·lr in the
@@ -257,7 +260,7 @@ def test_zeropp_holds_the_secondary_shards_at_its_peak_as_hpz_does(reports):
         reports["zeropp"].peak_bytes_by_category_max[memory.GATHER]
         - reports["qwz"].peak_bytes_by_category_max[memory.GATHER]
     )
-    assert extra >= 0.75 * ZeroppZero3.formula_secondary_bytes(reports["zeropp"].psi, G)
+    assert extra >= 0.75 * configurations.secondary_bytes(ZEROPP, reports["zeropp"].psi, G)
 
 
 def test_qwz_gathers_send_int8_codes_and_scales_the_formulas_bytes(reports):
@@ -266,7 +269,7 @@ def test_qwz_gathers_send_int8_codes_and_scales_the_formulas_bytes(reports):
     for rank in range(N):
         gathers = last_step(qwz, rank, ALL_GATHER)
         assert {e.dtype for e in gathers} == {"int8", "float32"}
-        expected = sum(2 * QwzZero3.formula_gather_bytes(c, N) for c in chunks(qwz, N).values())
+        expected = sum(2 * all_gather_bytes(c, N) for c in chunks(qwz, N).values())
         assert sum(e.bytes_sent for e in gathers) == expected
         same = [(e.tag, e.bytes_sent) for e in last_step(zero3, rank, REDUCE_SCATTER)]
         assert [(e.tag, e.bytes_sent) for e in last_step(qwz, rank, REDUCE_SCATTER)] == same
@@ -282,7 +285,7 @@ def test_qgz_sends_int4_all_to_alls_in_the_node_then_across_the_formulas_bytes(r
         across = [e for e in entries if ACROSS_TAG in e.tag]
         assert all(e.group == tuple(range(rank - rank % G, rank - rank % G + G)) for e in in_node)
         assert all(e.group == tuple(range(rank % G, N, G)) for e in across)
-        formulas = [QgzZero3.formula_layer_bytes(c, N, G) for c in chunks(qgz, N).values()]
+        formulas = [all_to_all_bytes(c, N, G) for c in chunks(qgz, N).values()]
         assert sum(e.bytes_sent for e in in_node) == sum(f[0] for f in formulas)
         assert sum(e.bytes_sent for e in across) == sum(f[1] for f in formulas)
     assert qgz.comm_psi_per_step == pytest.approx(qgz.comm_formula_psi_padded, rel=0.01)
@@ -294,9 +297,7 @@ def test_zeropp_gathers_forward_over_all_ranks_backward_in_the_node_both_in_int8
         chunks(zeropp, N),
         {n: FlatPartition(c * N, G).chunk_numel for n, c in chunks(zeropp, N).items()},
     )
-    expected = sum(
-        QwzZero3.formula_gather_bytes(primary[n], N) + QwzZero3.formula_gather_bytes(secondary[n], G) for n in primary
-    )
+    expected = sum(all_gather_bytes(primary[n], N) + all_gather_bytes(secondary[n], G) for n in primary)
     for rank in range(N):
         gathers = last_step(zeropp, rank, ALL_GATHER)
         assert all(e.group == () for e in gathers if e.phase == "forward")
@@ -307,8 +308,8 @@ def test_zeropp_gathers_forward_over_all_ranks_backward_in_the_node_both_in_int8
 
 def test_zeropp_sends_over_four_times_fewer_bytes_across_nodes_than_zero3(reports):
     """The paper's 3M → 0.75M is 4x; at M = 2 qgZ's across step carries half of 1/G of the gradient, so the
-    measured cut is larger, ≈ `formula_inter_node_bytes`' 4.66x (the micro model's shards are one block each,
-    so its scales weigh more than 4/B per element)."""
+    measured cut is larger, ≈ the closed form's 4.66x (`configurations.cost`; the micro model's shards are one
+    block each, so its scales weigh more than 4/B per element)."""
 
     def inter(report: StageReport) -> float:
         links = report.ledger.link_traffic(TOPOLOGY, step=STEPS - 1, exclude_tags=(OVERFLOW_TAG,))
@@ -317,6 +318,6 @@ def test_zeropp_sends_over_four_times_fewer_bytes_across_nodes_than_zero3(report
     psi = reports[3].psi
     assert inter(reports[3]) == 3 * (N - 1) / N * 2 * psi / G
     ratio = inter(reports[3]) / inter(reports["zeropp"])
-    predicted = inter(reports[3]) / ZeroppZero3.formula_inter_node_bytes(psi, N, G)
+    predicted = inter(reports[3]) / configurations.cost(ZEROPP, psi, N, G).inter_node_bytes
     assert ratio > 4
     assert ratio == pytest.approx(predicted, rel=0.03)

@@ -8,6 +8,12 @@ bytes it sends per step inside its node and across nodes (`zero_core.topology.pa
 (`n_gpus`) in nodes of G (`gpus_per_node`); HSDP shares one model copy among S GPUs (`shard_group`).
 Model states only, like ZeRO §5: activations and temporary buffers need room on top.
 
+Every configuration's formulas are here, once (the paper's four through `zero_core.formulas`): what `table`
+and `plan` count for it (`gpu_bytes`, `host_bytes`, `memory_formulas`, `cost`), and what the course's stage of
+it holds and sends, which `compare` and `zero_core.report` set beside the measurements (`simulated_gpu_bytes`,
+`simulated_gpu_formula`, `simulated_comm_elements`; a stage class names its configuration, `configuration`).
+The two differ for offload and hpZ; `FORMULA_NOTES` says why, and both commands print it.
+
 Sources. The paper's four stages: ZeRO (arXiv:1910.02054) §5, §7, via `zero_core.formulas`. Offload:
 ZeRO-Offload (arXiv:2101.06840) keeps the fp16 parameters on the GPU and the gradients, fp32 master weights
 and Adam states, and the Adam step, on the CPU; with stage 3 the GPU keeps its 2Ψ/N of fp16 parameters
@@ -27,18 +33,10 @@ import re
 from dataclasses import dataclass, field
 
 from zero_core import formulas
-from zero_core.facts import fact
+from zero_core.quantize import INT4_BYTES, INT8_BYTES, QUANT_BLOCK_ELEMENTS
 from zero_core.topology import RING, Topology, pass_split
 
 FP16_BYTES = 2
-QUANT_BLOCK_ELEMENTS = int(fact("quantization_block_elements").value)
-"""Elements per quantization block, each with one fp32 scale: the course's choice, also the block the ZeRO++
-stages quantize with (`zero_core.variants.qwz`, `qgz`). ZeRO++ quantizes blockwise (§3.1) and DeepSpeed sizes
-blocks per tensor: weights in groups of at most 8000 elements that divide the shard (its `CUDAQuantizer`:
-"the optimal size is 4k"; 4096 for power-of-two shards), gradients one group per row of the 2-D gradient
-(`all_to_all_quant_reduce`). The scales add 4/2048 bytes per element, about 0.2% (0.1% at 4096)."""
-INT8_BYTES = 1 + 4 / QUANT_BLOCK_ELEMENTS
-INT4_BYTES = 0.5 + 4 / QUANT_BLOCK_ELEMENTS
 PHASES = ("forward", "backward", "gradients", "after step")
 
 
@@ -84,11 +82,6 @@ CONFIGURATIONS = {
     )
 }
 PAPER_STAGES = ("zero0", "zero1", "zero2", "zero3")
-STAGE_CONFIGURATIONS = {
-    0: "zero0", 1: "zero1", 2: "zero2", 3: "zero3", "offload": "zero2+offload", "hsdp": "hsdp",
-    "hpz": "zero3+hpz", "qwz": "zero3+qwz", "qgz": "zero3+qgz", "zeropp": "zeropp",
-}
-"""The configuration each stage of `zero_core.stages` runs (by number or name), for its predicted time."""
 _HSDP = re.compile(r"^hsdp(?::(\d+))?$")
 
 
@@ -134,14 +127,25 @@ def gpu_bytes(config: Configuration, psi: float, n_gpus: int, gpus_per_node: int
         return 16 * psi / shard_group_size(config, n_gpus, gpus_per_node)
     if config.offload:
         return FP16_BYTES * psi / (n_gpus if config.stage == 3 else 1)
-    secondary = FP16_BYTES * psi / gpus_per_node if config.hpz else 0.0
-    return formulas.model_state_bytes(config.stage, psi, n_gpus) + secondary
+    return formulas.model_state_bytes(config.stage, psi, n_gpus) + secondary_bytes(config, psi, gpus_per_node)
 
 
-def host_bytes(config: Configuration, psi: float, n_gpus: int) -> float:
+def secondary_bytes(config: Configuration, psi: float, gpus_per_node: int, element_bytes: int = FP16_BYTES) -> float:
+    """hpZ's secondary partition, the 2-byte weights split over the node's G GPUs: 2Ψ/G (0 without hpZ).
+    `gpu_bytes` counts it; the course's stage holds it from forward to backward only (`FORMULA_NOTES`)."""
+    return element_bytes * psi / gpus_per_node if config.hpz else 0.0
+
+
+def host_bytes(config: Configuration, psi: float, n_gpus: int, element_bytes: int = FP16_BYTES) -> float:
     """Host bytes per GPU: 14Ψ/N with offload (its fp16 gradient partition 2Ψ/N, fp32 master weights, momentum
     and variance 12Ψ/N: ZeRO-Offload §4), else 0. A node's host holds G times this."""
-    return (FP16_BYTES + 12) * psi / n_gpus if config.offload else 0.0
+    return (element_bytes + 12) * psi / n_gpus if config.offload else 0.0
+
+
+def pcie_bytes(config: Configuration, psi: float, n_gpus: int, element_bytes: int = FP16_BYTES) -> float:
+    """Bytes each GPU copies over PCIe per step each way with offload, 0 without: its gradient partition down,
+    its updated parameter partition up, 2Ψ/N each (ZeRO-Offload §4.2: 4Ψ per step on one GPU)."""
+    return element_bytes * psi / n_gpus if config.offload else 0.0
 
 
 def memory_formulas(config: Configuration) -> tuple[str, str]:
@@ -150,8 +154,12 @@ def memory_formulas(config: Configuration) -> tuple[str, str]:
         return "16Ψ/S", "0"
     if config.offload:
         return ("2Ψ/N" if config.stage == 3 else "2Ψ"), "14Ψ/N"
-    paper = {0: "16Ψ", 1: "4Ψ + 12Ψ/N", 2: "2Ψ + 14Ψ/N", 3: "16Ψ/N"}[config.stage]
+    paper = formulas.MEMORY_FORMULAS[config.stage]
     return (paper + " + 2Ψ/G" if config.hpz else paper), "0"
+
+
+PCIE_FORMULA = "2Ψ/N"
+"""`pcie_bytes` with offload, each way."""
 
 
 @dataclass(frozen=True)
@@ -249,10 +257,103 @@ def cost(config: Configuration, psi: float, n_gpus: int, gpus_per_node: int, alg
         intra += c.passes * split.intra_node_mean
         inter += c.passes * split.inter_node_mean
         inter_max += c.passes * split.inter_node_max
-    pcie = FP16_BYTES * psi / n_gpus if config.offload else 0.0
+    pcie = pcie_bytes(config, psi, n_gpus)
     gpu_formula, host_formula = memory_formulas(config)
     return Cost(
         config.name, config.label, gpu_formula, host_formula,
         gpu_bytes(config, psi, n_gpus, gpus_per_node), host_bytes(config, psi, n_gpus),
         intra, inter, inter_max, pcie, pcie, plan,
     )
+
+
+def simulated_gpu_bytes(
+    config: Configuration, psi: float, n_gpus: int, gpus_per_node: int, element_bytes: int = FP16_BYTES
+) -> float:
+    """Model-state bytes one GPU of the course's stage of `config` holds after a step, in `element_bytes`
+    parameters and gradients: what `compare` measures (`StageReport.formula_bytes`). `gpu_bytes` but for
+    offload, whose stage also keeps ZeRO-2's 2Ψ/N gradient shard on the GPU, and hpZ, whose secondary 2Ψ/G
+    is gone after backward (`FORMULA_NOTES`). HSDP's stage shards over its node: S = G."""
+    _check_simulated(config)
+    if config.hsdp:
+        return (2 * element_bytes + 12) * psi / shard_group_size(config, n_gpus, gpus_per_node)
+    if config.offload:
+        return element_bytes * psi + element_bytes * psi / n_gpus
+    return formulas.model_state_bytes(config.stage, psi, n_gpus, param_bytes=element_bytes, grad_bytes=element_bytes)
+
+
+def simulated_gpu_formula(config: Configuration) -> str:
+    """`simulated_gpu_bytes` in Ψ, N and G, hpZ's transient secondary partition in brackets."""
+    _check_simulated(config)
+    if config.hsdp:
+        return "16Ψ/G" if config.shard_group is None else "16Ψ/S"
+    if config.offload:
+        return "2Ψ + 2Ψ/N"
+    paper = formulas.MEMORY_FORMULAS[config.stage]
+    return f"{paper} (+2Ψ/G)" if config.hpz else paper
+
+
+def simulated_comm_elements(
+    config: Configuration, psi: float, n_gpus: int, gpus_per_node: int, zero1_grad_sync: str = "reduce_scatter"
+) -> float:
+    """Elements one GPU of the course's stage sends per step, as its ledger counts them (an int8 code, a packed
+    byte of two int4 codes and an fp32 scale are one element each), exactly on rings of N (ZeRO §7), with
+    M = N/G nodes and B = `QUANT_BLOCK_ELEMENTS`:
+    - the paper's stages: `formulas.comm_elements` (ZeRO-1 with `zero1_grad_sync`); offload is ZeRO-2's 2(N-1)/N·Ψ;
+    - HSDP: ZeRO-3's three passes in a shard group of S, 3(S-1)/S·Ψ, and the all-reduce of 1/S over the
+      R = N/S replicas, 2(R-1)/R·Ψ/S (the course's stage: S = G, R = M);
+    - hpZ: the forward gather and the reduce-scatter over N, 2(N-1)/N·Ψ, the backward gather in the node, (G-1)/G·Ψ;
+    - qwZ: two gathers of int8 codes and scales, 2(N-1)/N·Ψ·(1 + 1/B), ZeRO-3's reduce-scatter, (N-1)/N·Ψ;
+    - qgZ: ZeRO-3's two gathers, 2(N-1)/N·Ψ, and its int4 all-to-alls, ((G-1)/G + (M-1)/M/G)·Ψ·(1/2 + 1/B);
+    - ZeRO++: int8 gathers over N and in the node, ((N-1)/N + (G-1)/G)·Ψ·(1 + 1/B), and qgZ's all-to-alls.
+    """
+    _check_simulated(config)
+    n, g = n_gpus, gpus_per_node
+    if config.hsdp:
+        s = shard_group_size(config, n, g)
+        m = n // s
+        return 3 * (s - 1) / s * psi + 2 * (m - 1) / m * psi / s
+    if config.offload:
+        return 2 * (n - 1) / n * psi
+    if config.qwz and config.hpz and config.qgz:
+        gathers = ((n - 1) / n + (g - 1) / g) * psi * (1 + 1 / QUANT_BLOCK_ELEMENTS)
+        return gathers + _int4_all_to_all_elements(psi, n, g)
+    if config.hpz:
+        return 2 * (n - 1) / n * psi + (g - 1) / g * psi
+    if config.qwz:
+        return 2 * (n - 1) / n * psi * (1 + 1 / QUANT_BLOCK_ELEMENTS) + (n - 1) / n * psi
+    if config.qgz:
+        return 2 * (n - 1) / n * psi + _int4_all_to_all_elements(psi, n, g)
+    return formulas.comm_elements(config.stage, psi, n, exact=True, zero1_grad_sync=zero1_grad_sync)
+
+
+def _int4_all_to_all_elements(psi: float, n_gpus: int, gpus_per_node: int) -> float:
+    """Ledger elements of qgZ's two all-to-alls, packed int4 bytes and fp32 scales:
+    (G-1)/G·Ψ·(1/2 + 1/B) in the node and (M-1)/M·Ψ/G·(1/2 + 1/B) across."""
+    g, m = gpus_per_node, n_gpus // gpus_per_node
+    return ((g - 1) / g + (m - 1) / m / g) * psi * (0.5 + 1 / QUANT_BLOCK_ELEMENTS)
+
+
+def _check_simulated(config: Configuration) -> None:
+    if config.offload and config.stage != 2:
+        raise ValueError(f"{config.name}: the course runs offload with ZeRO-2 only (zero2+offload)")
+
+
+_HPZ_NOTE = "hpZ: table counts its 2Ψ/G secondary weights as resident; compare's stage frees them after backward"
+FORMULA_NOTES = {
+    "zero2+offload": (
+        "offload: table counts 2Ψ on the GPU (ZeRO-Offload, DeepSpeed); compare's stage also keeps its 2Ψ/N "
+        "gradient shard there"
+    ),
+    "zero3+hpz": _HPZ_NOTE,
+    "zeropp": _HPZ_NOTE,
+}
+"""Why `compare` (`simulated_gpu_formula`) and `table` (`memory_formulas`) give one configuration two formulas.
+The course's offload stage keeps ZeRO-2's reduce-scatter unchanged, so its gradient shard stays on the GPU
+after going down to the host (`zero_core.variants.offload`); ZeRO-Offload §4 and DeepSpeed's estimator
+(`zero_core.planner.deepspeed_estimators`) count the fp16 parameters alone. hpZ's secondary partition
+lives from forward to backward (`zero_core.variants.hpz`); a plan must leave room for it."""
+
+
+def formula_notes(names: list[str]) -> list[str]:
+    """The `FORMULA_NOTES` of the configurations `names`, each note once, in order."""
+    return list(dict.fromkeys(FORMULA_NOTES[name] for name in names if name in FORMULA_NOTES))

@@ -17,6 +17,8 @@ from zero_core.facts import fact
 from zero_core.units import GB, parse_count
 
 STAGES = (0, 1, 2, 3)
+MEMORY_FORMULAS = {0: "16Ψ", 1: "4Ψ + 12Ψ/N", 2: "2Ψ + 14Ψ/N", 3: "16Ψ/N"}
+"""`model_state_bytes` of each stage as the paper writes it (ZeRO Figure 1), K = 12."""
 MODEL_STATE_CATEGORIES = ("param.fp16", "grad.fp16", "master.fp32", "adam.m", "adam.v")
 """The memory tracker's names for the paper's model states (ZeRO §3.1), in the same order."""
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")

@@ -10,18 +10,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from zero_core import formulas, memory
+from zero_core.configurations import simulated_gpu_formula
+from zero_core.report import StageReport, stage_configuration
 from zero_core.stages import stage_class
 from zero_core.units import format_count
-
-if TYPE_CHECKING:
-    from zero_core.report import StageReport
 
 STATE_LABELS = {
     memory.PARAM: "param ({precision})",
@@ -138,7 +136,7 @@ def memory_bars(reports: Sequence[StageReport]) -> Figure:
         zorder=4,
         label="measured peak (every storage, temporaries included)",
     )
-    ticks = [f"{stage_name(r)}\n{stage_class(r.stage).memory_formula}" for r in reports]
+    ticks = [f"{stage_name(r)}\n{simulated_gpu_formula(stage_configuration(r.stage))}" for r in reports]
     ticks = [
         f"{tick}\n+ {host_bytes(r) / scale:.3g} {unit} on host" if host_bytes(r) else tick
         for tick, r in zip(ticks, reports, strict=True)
@@ -219,7 +217,7 @@ def memory_vs_gpus(
             marker="o",
             markersize=4,
             color=color,
-            label=f"ZeRO-{stage}: {stage_class(stage).memory_formula}",
+            label=f"ZeRO-{stage}: {formulas.MEMORY_FORMULAS[stage]}",
         )
     if gpu_memory_bytes is not None:
         ax.axhline(

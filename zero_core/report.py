@@ -8,7 +8,8 @@ formula (ZeRO §7); FLOPs per phase; time per step and time spent inside collect
 It is built from what each rank measured (`RankResult`), its ledger and its memory tracker, wherever the
 ranks ran: threads of the virtual cluster (`zero_core.experiment`) or torchrun processes (`zero_core.launch`).
 Stages are the paper's numbers 0-3, or the names of the stages beyond the paper, which take
-`gpus_per_node` and bring their own formulas (`formula_model_state_bytes`, `formula_comm_elements`).
+`gpus_per_node`; each stage class names its configuration, whose formulas `zero_core.configurations` holds
+(`simulated_gpu_bytes`, `simulated_comm_elements`; the paper's four through `zero_core.formulas`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 
 import torch
 
-from zero_core import formulas, memory
+from zero_core import configurations, memory
 from zero_core.comm import CommLedger
 from zero_core.stages import TrainConfig, stage_class
 from zero_core.stages.base import OVERFLOW_TAG
@@ -130,6 +131,12 @@ def assemble_master_weights(shards_per_rank: list[dict[str, tuple[int, torch.Ten
     return {name: torch.cat([by_start[s] for s in sorted(by_start)]) for name, by_start in pieces.items()}
 
 
+def stage_configuration(stage: int | str) -> configurations.Configuration:
+    """The configuration a stage runs (its class's `configuration`), whose formulas `zero_core.configurations`
+    holds. Here, not in the registry: a grading child loads the registry, and must not load the formulas."""
+    return configurations.CONFIGURATIONS[stage_class(stage).configuration]
+
+
 def build_report(
     stage: int | str,
     n: int,
@@ -153,17 +160,12 @@ def build_report(
     element_bytes = {"fp16": 2, "bf16": 2, "fp32": 4}[config.precision]
     by_category = [r.held_bytes_by_category for r in results]
     state_bytes = [sum(c[k] for k in memory.MODEL_STATES) for c in by_category]
-    if isinstance(stage, str):
-        stage_type, g = stage_class(stage), gpus_per_node or n
-        formula = stage_type.formula_model_state_bytes(psi, n, g, element_bytes)
-        comm_formula = stage_type.formula_comm_elements(psi, n, g)
-        comm_formula_padded = stage_type.formula_comm_elements(communicated_psi, n, g)
-    else:
-        formula = formulas.model_state_bytes(stage, psi, n, param_bytes=element_bytes, grad_bytes=element_bytes)
-        comm_formula = formulas.comm_elements(stage, psi, n, exact=True, zero1_grad_sync=config.zero1_grad_sync)
-        comm_formula_padded = formulas.comm_elements(
-            stage, communicated_psi, n, exact=True, zero1_grad_sync=config.zero1_grad_sync
-        )
+    configuration, g = stage_configuration(stage), gpus_per_node or n
+    formula = configurations.simulated_gpu_bytes(configuration, psi, n, g, element_bytes)
+    comm_formula, comm_formula_padded = (
+        configurations.simulated_comm_elements(configuration, elements, n, g, config.zero1_grad_sync)
+        for elements in (psi, communicated_psi)
+    )
     last = steps - 1
     comm_bytes = ledger.mean_bytes_sent(step=last, exclude_tags=(OVERFLOW_TAG,))
     comm_elements = ledger.mean_elements_sent(step=last, exclude_tags=(OVERFLOW_TAG,))

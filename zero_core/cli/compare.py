@@ -21,7 +21,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from zero_core import memory
+from zero_core import configurations, memory
 from zero_core.cli import predicted
 from zero_core.cli.errors import UsageError
 from zero_core.cli.render import mb, table
@@ -29,7 +29,7 @@ from zero_core.cluster import MAX_WORLD_SIZE
 from zero_core.experiment import Equivalence, compare_stages, equivalence
 from zero_core.model import PRESETS, count_parameters, preset
 from zero_core.planner.time_model import MACHINES
-from zero_core.report import StageReport
+from zero_core.report import StageReport, stage_configuration
 from zero_core.stage_pool import SMALLEST_WORLD_FOR_WORKERS, core_shares, default_jobs
 from zero_core.stages import NAMED_STAGE_NAMES, TrainConfig, stage_class
 from zero_core.stages.base import OVERFLOW_TAG, ZERO1_GRAD_SYNCS
@@ -262,7 +262,7 @@ def render(
             stage_label(r.stage),
             stage_class(r.stage).partitioned,
             f"{mb(r.model_state_bytes_mean)} ({r.model_state_bytes_mean / psi:.2f}Ψ)",
-            stage_class(r.stage).memory_formula,
+            configurations.simulated_gpu_formula(stage_configuration(r.stage)),
             mb(r.formula_bytes),
             f"{r.formula_ratio:.4f}",
             f"{r.comm_psi_per_step:.4f}Ψ",
@@ -281,7 +281,8 @@ def render(
                 f"{link['comm_inter_node_psi_per_step']:.4f}Ψ",
                 f"{link['comm_inter_node_psi_per_step_max']:.4f}Ψ",
             ]
-    states = table(headers, rows, title=title)
+    notes = configurations.formula_notes([stage_configuration(r.stage).name for r in reports])
+    states = "\n".join([table(headers, rows, title=title), *notes])
     same = table(
         [
             "stage",
@@ -376,10 +377,10 @@ def host_table(reports: list[StageReport]) -> list[str]:
             [
                 stage_label(r.stage),
                 f"{mb(host)} ({host / psi:.2f}Ψ)",
-                "14Ψ/N",
+                configurations.memory_formulas(stage_configuration(r.stage))[1],
                 f"{down / psi:.4f}Ψ B",
                 f"{up / psi:.4f}Ψ B",
-                "2Ψ/N each way",
+                f"{configurations.PCIE_FORMULA} each way",
             ]
         )
     if not rows:

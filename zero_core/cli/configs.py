@@ -15,6 +15,7 @@ from zero_core.cli.errors import UsageError
 from zero_core.cli.render import table
 from zero_core.planner import configuration_time
 from zero_core.planner.time_model import MACHINES, Machine
+from zero_core.quantize import QUANT_BLOCK_ELEMENTS
 from zero_core.units import format_seconds
 
 DEFAULT_TOKENS_PER_GPU = 4096
@@ -136,7 +137,8 @@ def render(
 
 NOTES = (
     "G = GPUs per node, S = HSDP's shard group. hpZ's 2Ψ/G is its secondary fp16 copy of the weights; qwZ\n"
-    "and qgZ send int8 and int4 with one fp32 scale per 2048 elements; offload keeps fp32 master weights, Adam\n"
+    f"and qgZ send int8 and int4 with one fp32 scale per {QUANT_BLOCK_ELEMENTS} elements; offload keeps fp32 "
+    "master weights, Adam\n"
     "states and the gradient partition on the host (14Ψ/N per GPU) and moves 2Ψ/N over PCIe each way.\n"
     "Step time: `zero_core.planner.configuration_time` (compute and collectives overlapped per layer, α-β links, host\n"
     "Adam at the node's DRAM bandwidth); model states only, activations need room on top."

@@ -85,7 +85,7 @@ def plan_rows(psi: int, gpu_memory: int) -> list[dict[str, Any]]:
         rows.append(
             {
                 "stage": stage,
-                "memory_formula": stage_class(stage).memory_formula,
+                "memory_formula": formulas.MEMORY_FORMULAS[stage],
                 "smallest_n_gpus": n,
                 "model_state_bytes_at_n": formulas.model_state_bytes(stage, psi, n) if n else None,
                 "smallest_power_of_two": powers[stage],

@@ -1,11 +1,11 @@
 """`compare`'s predicted step times: each measured stage's schedule on a named machine.
 
 The virtual cluster measures bytes and memory, not a GPU's seconds. The time model does the seconds
-(`zero_core.planner.time_model`, lesson 9): each stage runs its configuration's collectives (`STAGE_CONFIGURATIONS`)
-on a compute, a network and a PCIe stream, with the overlap its schedule allows, on `--machine` with the run's
-N and nodes of G. Twice: for the run's own model (its layers and measured FLOPs; so small that every
-collective is latency), and for a GPT of `--predict-params` parameters at `--tokens-per-gpu`, where
-bandwidth and overlap decide.
+(`zero_core.planner.time_model`, lesson 9): each stage runs its configuration's collectives
+(`report.stage_configuration`) on a compute, a network and a PCIe stream, with the overlap its schedule
+allows, on `--machine` with the run's N and nodes of G. Twice: for the run's own model (its layers and
+measured FLOPs; so small that every collective is latency), and for a GPT of `--predict-params` parameters
+at `--tokens-per-gpu`, where bandwidth and overlap decide.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from typing import Any
 
 from zero_core.cli.errors import UsageError
 from zero_core.cli.render import table
-from zero_core.configurations import CONFIGURATIONS, STAGE_CONFIGURATIONS
+from zero_core.configurations import CONFIGURATIONS
 from zero_core.planner.configuration_time import predict_report
 from zero_core.planner.time_model import MACHINES, StepPrediction, tokens_per_s
-from zero_core.report import StageReport
+from zero_core.report import StageReport, stage_configuration
 from zero_core.stages import stage_class
 from zero_core.topology import Topology
 from zero_core.units import format_count, format_seconds, parse_count
@@ -84,12 +84,13 @@ def rows(reports: list[StageReport], topology: Topology, args: argparse.Namespac
     machine, g = MACHINES[args.machine], topology.gpus_per_node
     out = []
     for r in reports:
-        own = predict_report(r, machine, g)
-        scaled = predict_report(r, machine, g, psi=args.predict_params, tokens=args.tokens_per_gpu)
+        config = stage_configuration(r.stage)
+        own = predict_report(r, config, machine, g)
+        scaled = predict_report(r, config, machine, g, psi=args.predict_params, tokens=args.tokens_per_gpu)
         out.append(
             {
                 "stage": r.stage,
-                "configuration": STAGE_CONFIGURATIONS[r.stage],
+                "configuration": config.name,
                 "this_model": _times(own),
                 "scaled_model": {**_times(scaled), "tokens_per_s_per_gpu": tokens_per_s(scaled, args.tokens_per_gpu)},
             }

@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from zero_core import formulas
+from zero_core import configurations, formulas
 from zero_core.cli import configs as config_table
 from zero_core.cli.compare import add_topology_arguments, link_title, links_asked, topology_of
 from zero_core.cli.errors import UsageError
@@ -183,7 +183,7 @@ def stage_rows(
         rows.append(
             {
                 "stage": stage,
-                "memory_formula": stage_class(stage).memory_formula,
+                "memory_formula": formulas.MEMORY_FORMULAS[stage],
                 "model_state_bytes": memory_bytes,
                 "fits": formulas.fits(stage, psi, n_gpus, gpu_memory),
                 "comm_elements_ring": ring_elements,
@@ -224,7 +224,7 @@ def deepspeed_rows(psi: int, n_gpus: int, largest_layer: int | None) -> list[dic
     return [
         {
             "stage": 2,
-            "paper_formula": stage_class(2).memory_formula,
+            "paper_formula": formulas.MEMORY_FORMULAS[2],
             "deepspeed_formula": "2P + 18P/N",
             "paper_bytes": formulas.model_state_bytes(2, psi, n_gpus),
             "deepspeed_bytes": zero2.gpu_bytes,
@@ -232,7 +232,7 @@ def deepspeed_rows(psi: int, n_gpus: int, largest_layer: int | None) -> list[dic
         },
         {
             "stage": 3,
-            "paper_formula": stage_class(3).memory_formula,
+            "paper_formula": formulas.MEMORY_FORMULAS[3],
             "deepspeed_formula": "4L + 18P/N",
             "paper_bytes": formulas.model_state_bytes(3, psi, n_gpus),
             "deepspeed_bytes": zero3.gpu_bytes,
@@ -265,7 +265,8 @@ def run(args: argparse.Namespace) -> int:
             f"Configurations: model states per GPU, bytes sent per GPU per step, predicted step {where}\n"
             f"{link_title(topology, args.collectives)}"
         )
-        text += "\n\n" + config_table.render(extra, show_bytes, unit, title) + "\n" + config_table.NOTES
+        notes = configurations.formula_notes([c.name for c in chosen])
+        text += "\n\n" + "\n".join([config_table.render(extra, show_bytes, unit, title), *notes, config_table.NOTES])
     print(text)
     if json_path is not None:
         write_json(

@@ -24,10 +24,8 @@ from __future__ import annotations
 import math
 
 from zero_core.configurations import (
-    CONFIGURATIONS,
     FP16_BYTES,
     PHASES,
-    STAGE_CONFIGURATIONS,
     Collective,
     Configuration,
     collectives,
@@ -148,6 +146,7 @@ def predict(
 
 def predict_report(
     report,
+    config: Configuration,
     machine: Machine,
     gpus_per_node: int | None = None,
     *,
@@ -155,11 +154,10 @@ def predict_report(
     tokens: int | None = None,
     prefetch_depth: int = 1,
 ) -> StepPrediction:
-    """A measured run's step on `machine`: its stage's configuration (`STAGE_CONFIGURATIONS`) on the run's N and
-    nodes of `gpus_per_node` (default one node of N), for the run's own layers and FLOPs
+    """A measured run's step on `machine`: `config`, its stage's configuration (`report.stage_configuration`),
+    on the run's N and nodes of `gpus_per_node` (default one node of N), for the run's own layers and FLOPs
     (`time_model.layers_from_report`) or, with `psi` and `tokens`, for a GPT of Ψ = `psi` at `tokens` per GPU
     (`model_layers`): what the same schedule would cost where the messages are not all latency."""
-    config = CONFIGURATIONS[STAGE_CONFIGURATIONS[report.stage]]
     if psi is None:
         layers = layers_from_report(report)
     elif tokens is None:

@@ -113,8 +113,8 @@ class ZeroStage:
     """How tables and figures name the stage: "ZeRO-2", "ZeRO++ hpZ"."""
     partitioned = "?"
     """What it partitions, in a few words ("+ gradients"), for tables."""
-    memory_formula = "?"
-    """Its model-state bytes per GPU as a formula ("2Ψ + 14Ψ/N"), for tables and figures."""
+    configuration = "?"
+    """The configuration it runs ("zero2", "zero3+hpz"): its formulas are `zero_core.configurations`'."""
     partitions_optimizer_states = True
     pads_buffers = True
     """Whether the communicated buffers are padded to a multiple of N (reduce-scatter and all-gather need it)."""

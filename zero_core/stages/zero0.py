@@ -22,7 +22,7 @@ class Zero0(ReplicatedStage):
     stage = 0
     label = "ZeRO-0"
     partitioned = "nothing"
-    memory_formula = "16Ψ"
+    configuration = "zero0"
     partitions_optimizer_states = False
     pads_buffers = False
 

@@ -23,7 +23,7 @@ class Zero1(ReplicatedStage):
     stage = 1
     label = "ZeRO-1"
     partitioned = "optimizer states"
-    memory_formula = "4Ψ + 12Ψ/N"
+    configuration = "zero1"
 
     def sync_gradients(self) -> None:
         for layer in self.layers:

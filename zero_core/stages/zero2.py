@@ -70,7 +70,7 @@ class Zero2(Zero1):
     stage = 2
     label = "ZeRO-2"
     partitioned = "+ gradients"
-    memory_formula = "2Ψ + 14Ψ/N"
+    configuration = "zero2"
     FUNCTIONS = {
         nn.Linear: registry.answer("ex03", "ReduceScatterLinear"),
         nn.Embedding: ReduceScatterEmbedding,

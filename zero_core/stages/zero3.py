@@ -54,7 +54,7 @@ class Zero3(Zero2):
     stage = 3
     label = "ZeRO-3"
     partitioned = "+ parameters"
-    memory_formula = "16Ψ/N"
+    configuration = "zero3"
     FUNCTIONS = {
         nn.Linear: registry.answer("ex04", "GatherLinear"),
         nn.Embedding: registry.answer("ex04", "GatherEmbedding"),

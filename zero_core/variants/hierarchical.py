@@ -96,13 +96,3 @@ class HierarchicalZero3(Zero3):
         all_gather = registry.resolve(type(self).ALL_GATHER)
         for shard in self.shards.values():
             shard.all_gather, shard.node_group, shard.cross_group = all_gather, self.node_group, self.cross_group
-
-    @staticmethod
-    def formula_model_state_bytes(psi: float, world_size: int, gpus_per_node: int, element_bytes: int = 2) -> float:
-        """ZeRO-3's (2 + 2 + 12)Ψ/N: the staging buffer lives only while a gather runs."""
-        return (2 * element_bytes + 12) * psi / world_size
-
-    @staticmethod
-    def formula_comm_elements(psi: float, world_size: int, gpus_per_node: int) -> float:
-        """ZeRO-3's 3(N-1)/N·Ψ per rank and step: two levels move the same bytes over other links."""
-        return 3 * (world_size - 1) / world_size * psi

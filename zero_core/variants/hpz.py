@@ -15,7 +15,8 @@ a 1.5x cut on its own; the paper's 4x is hpZ together with qwZ (int8 weights) an
 The memory it trades (the abstract's "data remapping that trades-off communication for more memory"):
 the secondary shards, 2Ψ/G bytes per rank when all layers' are alive, from the end of forward until
 backward reaches each layer. They are transient, so the model states after a step are ZeRO-3's 16Ψ/N; the
-peak adds 2Ψ/G (+ padding to a multiple of G), reported under `gather.fp16` with the gathered layer.
+peak adds 2Ψ/G (+ padding to a multiple of G), reported under `gather.fp16` with the gathered layer
+(`zero_core.configurations.secondary_bytes`; `table` counts it resident, `FORMULA_NOTES`).
 
 Every value is ZeRO-3's bit for bit: gathers copy, and the gradient path is ZeRO-3's reduce-scatter.
 """
@@ -86,7 +87,7 @@ class HpzZero3(Zero3):
     stage = "hpz"
     label = "ZeRO++ hpZ"
     partitioned = "all, + node copy of params"
-    memory_formula = "16Ψ/N (+2Ψ/G)"
+    configuration = "zero3+hpz"
     shard_class = SecondaryShard
 
     def __init__(
@@ -103,20 +104,3 @@ class HpzZero3(Zero3):
         super().setup(model, initial)
         for shard in self.shards.values():
             shard.attach_node(self.node_group)
-
-    @staticmethod
-    def formula_model_state_bytes(psi: float, world_size: int, gpus_per_node: int, element_bytes: int = 2) -> float:
-        """ZeRO-3's (2 + 2 + 12)Ψ/N after a step; the secondary 2Ψ/G is transient (`formula_secondary_bytes`)."""
-        return (2 * element_bytes + 12) * psi / world_size
-
-    @staticmethod
-    def formula_secondary_bytes(psi: float, gpus_per_node: int, element_bytes: int = 2) -> float:
-        """The secondary partition when every layer's is alive (end of forward): 2Ψ/G."""
-        return element_bytes * psi / gpus_per_node
-
-    @staticmethod
-    def formula_comm_elements(psi: float, world_size: int, gpus_per_node: int) -> float:
-        """Elements a rank sends per step: 2(N-1)/N·Ψ over all ranks (forward gather, reduce-scatter) and
-        (G-1)/G·Ψ inside the node (backward gather)."""
-        n, g = world_size, gpus_per_node
-        return 2 * (n - 1) / n * psi + (g - 1) / g * psi

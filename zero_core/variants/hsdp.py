@@ -98,7 +98,7 @@ class HybridZero3(Zero3):
     stage = "hsdp"
     label = "HSDP"
     partitioned = "all, within a node"
-    memory_formula = "16Ψ/G"
+    configuration = "hsdp"
     shard_class = NodeShard
 
     def __init__(
@@ -141,14 +141,3 @@ class HybridZero3(Zero3):
 
     def owned_grad(self, layer: Layer) -> torch.Tensor:
         return self.shards[layer.name].grad[: layer.partition.owned_numel(self.shard_rank)]
-
-    @staticmethod
-    def formula_model_state_bytes(psi: float, world_size: int, gpus_per_node: int, element_bytes: int = 2) -> float:
-        """(2 + 2 + 12)Ψ/G: ZeRO-3's 16Ψ/N with the shard group's G in place of N (without padding)."""
-        return (2 * element_bytes + 12) * psi / gpus_per_node
-
-    @staticmethod
-    def formula_comm_elements(psi: float, world_size: int, gpus_per_node: int) -> float:
-        """Elements a rank sends per step: 3(G-1)/G·Ψ inside the node, 2(M-1)/M·Ψ/G across nodes."""
-        g, m = gpus_per_node, world_size // gpus_per_node
-        return 3 * (g - 1) / g * psi + 2 * (m - 1) / m * psi / g

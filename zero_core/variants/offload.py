@@ -14,7 +14,8 @@ The math is ZeRO-2's, element for element, so it trains bit-identically to ZeRO-
 What this stage keeps on the GPU: 2Ψ of fp16 parameters and ZeRO-2's 2Ψ/N gradient shard. DeepSpeed
 frees the GPU's gradient partition once it is on the host (the paper's "2Ψ on the GPU",
 `configurations.gpu_bytes`); this stage keeps it resident so that backward's reduce-scatter is ZeRO-2's
-unchanged, which costs 2Ψ/N more GPU memory than the paper's count and nothing else.
+unchanged, which costs 2Ψ/N more GPU memory than the paper's count and nothing else. Both counts, and why
+they differ, are in `zero_core.configurations` (`simulated_gpu_bytes`, `FORMULA_NOTES`).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ class OffloadZero2(Zero2):
     stage = "offload"
     label = "ZeRO-Offload"
     partitioned = "+ gradients; states on host"
-    memory_formula = "2Ψ + 2Ψ/N"
+    configuration = "zero2+offload"
 
     def __init__(
         self,
@@ -79,23 +80,3 @@ class OffloadZero2(Zero2):
         self.zero_gradients()
         self.publish_parameters()
         return True
-
-    @staticmethod
-    def formula_model_state_bytes(psi: float, world_size: int, gpus_per_node: int, element_bytes: int = 2) -> float:
-        """GPU model states: the fp16 parameters 2Ψ and ZeRO-2's gradient shard 2Ψ/N."""
-        return element_bytes * psi + element_bytes * psi / world_size
-
-    @staticmethod
-    def formula_host_bytes(psi: float, world_size: int, element_bytes: int = 2) -> float:
-        """Host bytes per GPU: its fp16 gradient partition 2Ψ/N and fp32 master, m, v 12Ψ/N (ZeRO-Offload §4)."""
-        return (element_bytes + 12) * psi / world_size
-
-    @staticmethod
-    def formula_pcie_bytes(psi: float, world_size: int, element_bytes: int = 2) -> float:
-        """Bytes each way per GPU per step: gradients down, parameters up, 2Ψ/N each (ZeRO-Offload §4.2)."""
-        return element_bytes * psi / world_size
-
-    @staticmethod
-    def formula_comm_elements(psi: float, world_size: int, gpus_per_node: int) -> float:
-        """ZeRO-2's network traffic: reduce-scatter and all-gather, 2(N-1)/N·Ψ."""
-        return 2 * (world_size - 1) / world_size * psi

@@ -17,8 +17,8 @@ is this algorithm: `swizzle_quant` (reorder + int4), an all-to-all of codes and 
 `quantized_reduction` (dequantize, reduce, requantize), the same two across nodes, dequantize and average.
 
 Bytes a rank sends per layer (chunk c): (G-1)·(ceil(M·c/2) + 4·ceil(M·c/B)) inside the node and
-(M-1)·(ceil(c/2) + 4·ceil(c/B)) across, against ZeRO-3's ring (N-1)·2c: a quarter of the bytes, all but
-the last 1/G of them inside the node.
+(M-1)·(ceil(c/2) + 4·ceil(c/B)) across (`zero_core.quantize.all_to_all_bytes`), against ZeRO-3's ring
+(N-1)·2c: a quarter of the bytes, all but the last 1/G of them inside the node.
 
 Not bit-identical: each quantization moves a value by up to half its block's scale, so rank r's chunk
 differs from the exact mean by at most (Σ over the N senders of their block's scale/2 + Σ over the M nodes
@@ -33,14 +33,12 @@ import torch
 import torch.nn as nn
 
 from zero_core import dist, memory
-from zero_core.configurations import INT4_BYTES, QUANT_BLOCK_ELEMENTS
-from zero_core.quantize import blocks_per_row, code_bytes_per_row, dequantize, quantize
+from zero_core.quantize import GRADIENT_BITS, QUANT_BLOCK_ELEMENTS, dequantize, quantize
 from zero_core.stages.base import TrainConfig
 from zero_core.stages.sharding import InFlightReduceScatter
 from zero_core.stages.zero3 import Zero3
 from zero_core.variants.nodes import this_ranks_groups
 
-GRADIENT_BITS = 4
 NODE_TAG = "int4 in node"
 ACROSS_TAG = "int4 across nodes"
 SCALES_TAG = "scales"
@@ -136,7 +134,7 @@ class QgzZero3(Zero3):
     stage = "qgz"
     label = "ZeRO++ qgZ"
     partitioned = "+ parameters (int4 gradients)"
-    memory_formula = "16Ψ/N"
+    configuration = "zero3+qgz"
     reduce_scatter_class = QuantizedReduceScatter
     """What averages each layer's gradient; a variant (or a wrong one, in the tests) swaps in a subclass."""
 
@@ -153,35 +151,3 @@ class QgzZero3(Zero3):
     def setup(self, model: nn.Module, initial: Mapping[str, torch.Tensor]) -> None:
         super().setup(model, initial)
         use_quantized_gradients(self, self.node_group, self.replica_group, self.reduce_scatter_class)
-
-    @staticmethod
-    def formula_layer_bytes(chunk_numel: int, world_size: int, gpus_per_node: int) -> tuple[int, int]:
-        """(in-node, across-node) bytes a rank sends for one layer's gradient, shards of `chunk_numel`."""
-        g, m, c, b = gpus_per_node, world_size // gpus_per_node, chunk_numel, QUANT_BLOCK_ELEMENTS
-        in_node = (g - 1) * (code_bytes_per_row(m * c, GRADIENT_BITS) + 4 * blocks_per_row(m * c, b))
-        across = (m - 1) * (code_bytes_per_row(c, GRADIENT_BITS) + 4 * blocks_per_row(c, b))
-        return in_node, across
-
-    @staticmethod
-    def formula_model_state_bytes(psi: float, world_size: int, gpus_per_node: int, element_bytes: int = 2) -> float:
-        """ZeRO-3's (2 + 2 + 12)Ψ/N: quantized buffers are transient."""
-        return (2 * element_bytes + 12) * psi / world_size
-
-    @staticmethod
-    def formula_gradient_elements(psi: float, world_size: int, gpus_per_node: int) -> float:
-        """Ledger elements of the two all-to-alls: packed int4 bytes and fp32 scales,
-        (G-1)/G·Ψ·(1/2 + 1/B) in the node and (M-1)/M·Ψ/G·(1/2 + 1/B) across."""
-        g, m = gpus_per_node, world_size // gpus_per_node
-        return ((g - 1) / g + (m - 1) / m / g) * psi * (0.5 + 1 / QUANT_BLOCK_ELEMENTS)
-
-    @staticmethod
-    def formula_comm_elements(psi: float, world_size: int, gpus_per_node: int) -> float:
-        """Ledger elements a rank sends per step: ZeRO-3's two gathers, 2(N-1)/N·Ψ, and qgZ's all-to-alls."""
-        n = world_size
-        return 2 * (n - 1) / n * psi + QgzZero3.formula_gradient_elements(psi, world_size, gpus_per_node)
-
-    @staticmethod
-    def formula_comm_bytes(psi: float, world_size: int, gpus_per_node: int, element_bytes: int = 2) -> float:
-        """Bytes a rank sends per step: 2(N-1)/N·2Ψ of gathers, ((G-1)/G + (M-1)/M/G)·Ψ·(1/2 + 4/B) of int4."""
-        n, g, m = world_size, gpus_per_node, world_size // gpus_per_node
-        return 2 * (n - 1) / n * psi * element_bytes + ((g - 1) / g + (m - 1) / m / g) * psi * INT4_BYTES

@@ -11,7 +11,7 @@ quantizes every gather, in forward and in backward: so does `QuantizedGatherShar
 Bytes a rank sends per gather of a layer whose shard has c elements, over a group of k ranks (ring):
 (k-1)·(c + 4·ceil(c/B)) with B = `QUANT_BLOCK_ELEMENTS`, against ZeRO-3's (k-1)·2c: half, plus the
 scales, 4/B bytes per element (0.2% at B = 2048; on the micro model every shard is one block, so the
-scales cost more there, `formula_gather_bytes`). Resident memory is ZeRO-3's 16Ψ/N: the int8 codes and
+scales cost more there, `zero_core.quantize.all_gather_bytes`). Resident memory is ZeRO-3's 16Ψ/N: the int8 codes and
 scales live only while the layer is gathered, under `gather.fp16` like the layer.
 
 Not bit-identical to ZeRO-0: every forward and backward computes with weights moved by up to half a
@@ -27,13 +27,11 @@ import torch
 import torch.nn as nn
 
 from zero_core import dist, memory
-from zero_core.configurations import INT8_BYTES, QUANT_BLOCK_ELEMENTS
-from zero_core.quantize import blocks_per_row, dequantize, quantize
+from zero_core.quantize import QUANT_BLOCK_ELEMENTS, WEIGHT_BITS, dequantize, quantize
 from zero_core.stages.base import TrainConfig
 from zero_core.stages.sharding import LayerShard
 from zero_core.stages.zero3 import Zero3
 
-WEIGHT_BITS = 8
 CODES_TAG = "int8"
 SCALES_TAG = "scales"
 """Suffixes of the tags of a quantized gather's two all-gathers: "param <layer> int8", "param <layer> scales"."""
@@ -90,7 +88,7 @@ class QwzZero3(Zero3):
     stage = "qwz"
     label = "ZeRO++ qwZ"
     partitioned = "+ parameters (int8 gathers)"
-    memory_formula = "16Ψ/N"
+    configuration = "zero3+qwz"
     shard_class = QuantizedGatherShard
 
     def __init__(
@@ -102,26 +100,3 @@ class QwzZero3(Zero3):
     ) -> None:
         """`gpus_per_node` is accepted like the node stages' and unused: qwZ changes what, not where."""
         super().__init__(config, functions)
-
-    @staticmethod
-    def formula_gather_bytes(chunk_numel: int, group_size: int) -> int:
-        """Bytes a rank sends in one quantized gather of shards of `chunk_numel`: (k-1)·(c + 4·ceil(c/B))."""
-        return (group_size - 1) * (chunk_numel + 4 * blocks_per_row(chunk_numel, QUANT_BLOCK_ELEMENTS))
-
-    @staticmethod
-    def formula_model_state_bytes(psi: float, world_size: int, gpus_per_node: int, element_bytes: int = 2) -> float:
-        """ZeRO-3's (2 + 2 + 12)Ψ/N: quantized buffers are transient."""
-        return (2 * element_bytes + 12) * psi / world_size
-
-    @staticmethod
-    def formula_comm_elements(psi: float, world_size: int, gpus_per_node: int) -> float:
-        """Ledger elements a rank sends per step: two gathers of (N-1)/N·Ψ int8 codes and Ψ/B fp32 scales, and
-        ZeRO-3's reduce-scatter of (N-1)/N·Ψ (scales exactly Ψ/B when shards are whole blocks)."""
-        n = world_size
-        return 2 * (n - 1) / n * psi * (1 + 1 / QUANT_BLOCK_ELEMENTS) + (n - 1) / n * psi
-
-    @staticmethod
-    def formula_comm_bytes(psi: float, world_size: int, gpus_per_node: int, element_bytes: int = 2) -> float:
-        """Bytes a rank sends per step: 2(N-1)/N·Ψ·(1 + 4/B) for the gathers, (N-1)/N·2Ψ for the gradients."""
-        n = world_size
-        return 2 * (n - 1) / n * psi * INT8_BYTES + (n - 1) / n * psi * element_bytes

@@ -14,7 +14,7 @@ a quarter of the bytes of 1/G of the gradient: the paper's 3M → 0.75M counts t
 backward gather 0 and the gradients 0.25M, taking a node's gradient traffic across to be the whole of it
 in int4. Measured on the virtual cluster (`compare`), the cut is larger at small M because qgZ's across
 step carries only (M-1)/M of 1/G of the gradient, where a ring reduce-scatter's boundary ranks carry
-(N-1)/N of all of it (see `formula_inter_node_bytes`).
+(N-1)/N of all of it (`zero_core.configurations.cost`'s inter-node bytes).
 
 Memory is hpZ's: ZeRO-3's 16Ψ/N after a step, plus the secondary shards' 2Ψ/G between forward and backward.
 Training is within qwZ's and qgZ's tolerances of ZeRO-0, not bit-identical (`tests/test_zeropp.py`).
@@ -28,7 +28,6 @@ import torch
 import torch.nn as nn
 
 from zero_core import dist
-from zero_core.configurations import INT4_BYTES, INT8_BYTES, QUANT_BLOCK_ELEMENTS
 from zero_core.stages.base import TrainConfig
 from zero_core.variants.hpz import HpzZero3, SecondaryShard
 from zero_core.variants.nodes import this_ranks_groups
@@ -62,7 +61,7 @@ class ZeroppZero3(HpzZero3):
     stage = "zeropp"
     label = "ZeRO++"
     partitioned = "all, + node copy; int8, int4"
-    memory_formula = "16Ψ/N (+2Ψ/G)"
+    configuration = "zeropp"
     shard_class = QuantizedSecondaryShard
 
     def __init__(
@@ -78,25 +77,3 @@ class ZeroppZero3(HpzZero3):
     def setup(self, model: nn.Module, initial: Mapping[str, torch.Tensor]) -> None:
         super().setup(model, initial)
         use_quantized_gradients(self, self.node_group, self.replica_group, QgzZero3.reduce_scatter_class)
-
-    @staticmethod
-    def formula_comm_elements(psi: float, world_size: int, gpus_per_node: int) -> float:
-        """Ledger elements a rank sends per step: int8 codes and fp32 scales of the forward gather,
-        (N-1)/N·Ψ·(1 + 1/B), and of the backward gather in the node, (G-1)/G·Ψ·(1 + 1/B), and qgZ's."""
-        n, g = world_size, gpus_per_node
-        gathers = ((n - 1) / n + (g - 1) / g) * psi * (1 + 1 / QUANT_BLOCK_ELEMENTS)
-        return gathers + QgzZero3.formula_gradient_elements(psi, world_size, gpus_per_node)
-
-    @staticmethod
-    def formula_comm_bytes(psi: float, world_size: int, gpus_per_node: int, element_bytes: int = 2) -> float:
-        """Bytes a rank sends per step: ((N-1)/N + (G-1)/G)·Ψ·(1 + 4/B) of gathers, qgZ's int4."""
-        n, g, m = world_size, gpus_per_node, world_size // gpus_per_node
-        return ((n - 1) / n + (g - 1) / g) * psi * INT8_BYTES + ((g - 1) / g + (m - 1) / m / g) * psi * INT4_BYTES
-
-    @staticmethod
-    def formula_inter_node_bytes(psi: float, world_size: int, gpus_per_node: int) -> float:
-        """Mean bytes a rank sends across nodes per step: the forward gather's flat ring, whose M boundary ranks
-        send all of theirs across, (N-1)/N·Ψ·(1 + 4/B)/G on average, and qgZ's (M-1)/M·Ψ/G·(1/2 + 4/B).
-        ZeRO-3's is 3(N-1)/N·2Ψ/G: the ratio tends to the paper's 4 as M grows (6 / 1.5, scales aside)."""
-        n, g, m = world_size, gpus_per_node, world_size // gpus_per_node
-        return (n - 1) / n * psi * INT8_BYTES / g + (m - 1) / m * psi / g * INT4_BYTES
