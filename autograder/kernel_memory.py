@@ -19,7 +19,7 @@ the parameters (109 MiB). Measured on this course's 2-core machine, with the gra
 malloc threshold (`sandbox.CHILD_ENVIRONMENT`): the seven stage solutions and the ten correct fixtures
 written unusually (`tests/fixtures/correct`) ran from 21 MiB below to 37 MiB above their reference
 children; the fixture that keeps every gathered layer as a NumPy array
-(`tests/fixtures/wrong/ex07_keeps_every_layer_gathered_outside_torch.py`) 227 MiB above. What it does
+(`tests/fixtures/wrong/ex07_keeps_every_layer_gathered_outside_torch.patch`) 227 MiB above. What it does
 not see: a copy smaller than the margin, or one kept only on world sizes other than the sized run's.
 `benchmarks/bench_grading.py` prints what the run costs: about 1-1.6 s for the sized run in the grading
 child, and 3.4-4.2 s for the reference child, which a grading process starts once per exercise.
