@@ -26,20 +26,12 @@ sys.path.insert(0, str(ROOT))
 from autograder.checks import total  # noqa: E402
 from autograder.sandbox import grade_notebook  # noqa: E402
 from autograder.submission import EXERCISES, exercise_module  # noqa: E402
-from tests.fixture_text import fixture_text, wrong_fixtures  # noqa: E402
-
-CELL_MARKER = "# --- cell ---\n"
+from tests.fixture_text import read_fixture, wrong_fixtures  # noqa: E402
 
 
 def fixture(path: Path) -> tuple[str, str, str]:
     """(assignment, solution cell replaced, the cell's source) of one wrong answer."""
-    header, source = fixture_text(path).split(CELL_MARKER, 1)
-    meta: dict = {}
-    exec(header, meta)
-    if "CELL_SOURCE" in source:  # a cell that is not valid Python is kept in a string
-        namespace: dict = {}
-        exec(source, namespace)
-        source = namespace["CELL_SOURCE"]
+    meta, source = read_fixture(path)
     return meta["EXERCISE"], meta["CELL"], source
 
 

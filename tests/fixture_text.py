@@ -11,9 +11,11 @@ otherwise `PatchError` names the fixture, the hunk and the line that differs. Se
 from __future__ import annotations
 
 import re
+import sysconfig
 from pathlib import Path
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
+ROOT = FIXTURES.parent.parent
 CELL_MARKER = "# --- cell ---\n"
 HUNK_HEADER = re.compile(r"@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 
@@ -26,6 +28,25 @@ def wrong_fixtures() -> list[Path]:
     """Every wrong answer of tests/fixtures/wrong, patched or whole, in the order of their names."""
     folder = FIXTURES / "wrong"
     return sorted([*folder.glob("*.patch"), *folder.glob("*.py")], key=lambda path: path.stem)
+
+
+def read_fixture(path: Path) -> tuple[dict, str]:
+    """(the names its header sets, the source of its cell) of a fixture, its paths filled in (`with_paths`).
+    A cell that is not valid Python is kept in the fixture as a string, `CELL_SOURCE`: that string."""
+    header, source = with_paths(fixture_text(path)).split(CELL_MARKER, 1)
+    meta: dict = {}
+    exec(header, meta)
+    if "CELL_SOURCE" in source:
+        namespace: dict = {}
+        exec(source, namespace)
+        source = namespace["CELL_SOURCE"]
+    return meta, source
+
+
+def with_paths(text: str) -> str:
+    """A fixture's text with the paths a student learns from a traceback filled in: `{COURSE_ROOT}` (the
+    course checkout) and `{SITE_PACKAGES}` (the grader's venv's packages)."""
+    return text.replace("{COURSE_ROOT}", str(ROOT)).replace("{SITE_PACKAGES}", sysconfig.get_paths()["purelib"])
 
 
 def fixture_text(path: Path) -> str:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,13 +20,12 @@ from autograder.harness import CONFIG
 from autograder.integrity import StudentShard
 from autograder.sandbox import Limits, grade_notebook, grade_submission
 from autograder.submission import EXERCISES, exercise_module, load
-from tests.fixture_text import fixture_text, wrong_fixtures
+from tests.fixture_text import read_fixture, wrong_fixtures
 from zero_core.cluster import VirtualCluster
 from zero_core.stages import Zero2, Zero3
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "wrong"
-CELL_MARKER = "# --- cell ---\n"
 
 
 def marker(assignment: str) -> pytest.MarkDecorator:
@@ -51,12 +49,6 @@ def grade_in_process(notebook: Path, behind_the_rules: bool = False) -> list[Che
     return list(grade_submission(submission, exercise_module(submission.assignment).CHECKS))
 
 
-def with_paths(text: str) -> str:
-    """A fixture's text with the paths a student learns from a traceback filled in: `{COURSE_ROOT}` (the
-    course checkout) and `{SITE_PACKAGES}` (the grader's venv's packages)."""
-    return text.replace("{COURSE_ROOT}", str(ROOT)).replace("{SITE_PACKAGES}", sysconfig.get_paths()["purelib"])
-
-
 @dataclass(frozen=True)
 class WrongSubmission:
     """One fixture of tests/fixtures/wrong: its header, and the cell it puts in place of a solution cell."""
@@ -75,13 +67,7 @@ class WrongSubmission:
 
     @classmethod
     def read(cls, path: Path) -> WrongSubmission:
-        header, source = with_paths(fixture_text(path)).split(CELL_MARKER, 1)
-        meta: dict = {}
-        exec(header, meta)
-        if "CELL_SOURCE" in source:  # code that is not valid Python is kept in a string
-            namespace: dict = {}
-            exec(source, namespace)
-            source = namespace["CELL_SOURCE"]
+        meta, source = read_fixture(path)
         return cls(
             path,
             meta["EXERCISE"],

@@ -279,12 +279,10 @@ def test_the_kernel_counts_the_childs_peak_memory() -> None:
 
 
 def attack(name: str):
-    from tests.test_grading_integrity import FIXTURES, WrongSubmission, with_paths
+    from tests.fixture_text import read_fixture
+    from tests.test_grading_integrity import FIXTURES, WrongSubmission
 
-    header = with_paths((FIXTURES / name).read_text()).split("# --- cell ---\n", 1)[0]
-    meta: dict = {}
-    exec(header, meta)
-    return WrongSubmission.read(FIXTURES / name), meta
+    return WrongSubmission.read(FIXTURES / name), read_fixture(FIXTURES / name)[0]
 
 
 @needs_walls

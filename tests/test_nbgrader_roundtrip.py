@@ -32,8 +32,7 @@ from traitlets.config.loader import PyFileConfigLoader
 from autograder.checks import total
 from autograder.sandbox import grade_notebook
 from autograder.submission import exercise_module, is_solution_cell
-from tests.fixture_text import fixture_text
-from tests.test_grading_integrity import with_paths
+from tests.fixture_text import read_fixture, with_paths
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -94,9 +93,7 @@ def fixture_cell(name: str) -> tuple[str, str, set[str] | None]:
     """(cell id, cell source, checks lost) of a submission in tests/fixtures; None for the checks lost by a
     cell that breaks a rule for graded cells: it loses every check (its `LOSES` is what the nets behind the
     rules make of it, see tests/fixtures/wrong/README.md)."""
-    header, source = with_paths(fixture_text(FIXTURES / name)).split("# --- cell ---\n", 1)
-    meta: dict = {}
-    exec(header, meta)
+    meta, source = read_fixture(FIXTURES / name)
     return meta["CELL"], source, None if "RULES" in meta else set(meta["LOSES"])
 
 
