@@ -9,7 +9,7 @@ from zero_core import formulas, registry, report
 from zero_core.planner import configuration_time as ct
 from zero_core.planner import time_model as tm
 from zero_core.planner.deepspeed_estimators import estimate_zero2_model_states_mem_needs
-from zero_core.quantize import INT4_BYTES, INT8_BYTES
+from zero_core.quantized_bytes import INT4_BYTES, INT8_BYTES
 from zero_core.topology import HIERARCHICAL, RING
 
 PSI, N, G = 70e9, 256, 8

@@ -50,7 +50,7 @@ def test_circles_are_found_and_named_in_import_order(graph: dict[str, set[str]],
 
 
 LAYERS = (
-    ("units", "facts", "ring", "formulas", "topology", "configurations", "quantize"),
+    ("units", "facts", "ring", "formulas", "topology", "configurations", "quantized_bytes", "quantize"),
     ("context",),
     ("comm", "memory", "schedule", "flops", "reachable"),
     ("backends", "cluster", "cpu_turns", "dist"),

@@ -19,17 +19,13 @@ from zero_core.context import current
 from zero_core.experiment import equivalence, make_stage, run_stage
 from zero_core.model import loss_fn, micro_batch, preset
 from zero_core.partition import FlatPartition
-from zero_core.quantize import (
+from zero_core.quantize import dequantize, error_bound, pack_int4, quantize, unpack_int4
+from zero_core.quantized_bytes import (
     QUANT_BLOCK_ELEMENTS,
     all_gather_bytes,
     all_to_all_bytes,
     code_bytes_per_row,
-    dequantize,
-    error_bound,
     max_code,
-    pack_int4,
-    quantize,
-    unpack_int4,
 )
 from zero_core.report import StageReport
 from zero_core.stages import TrainConfig, stage_class

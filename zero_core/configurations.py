@@ -33,7 +33,7 @@ import re
 from dataclasses import dataclass, field
 
 from zero_core import formulas
-from zero_core.quantize import INT4_BYTES, INT8_BYTES, QUANT_BLOCK_ELEMENTS
+from zero_core.quantized_bytes import INT4_BYTES, INT8_BYTES, QUANT_BLOCK_ELEMENTS
 from zero_core.topology import RING, Topology, pass_split
 
 FP16_BYTES = 2

@@ -17,74 +17,15 @@ that sender's scales. `codes` has the input's leading shape and `ceil(n·b/8)` b
 `scales` one fp32 per block. This is what DeepSpeed's `CUDAQuantizer` (weights, `zero_quantized_weights`)
 and `all_to_all_quant_reduce` (gradients, `zero_quantized_gradients`) produce, symmetric mode.
 
-The bytes those blocks take on the wire live here too (`INT8_BYTES`, `INT4_BYTES`, `quantized_row_bytes` and
-the collectives' counts built on it), read by the ZeRO++ stages and by `zero_core.configurations`. The
-functions that move tensors import torch when called, so the planner reads these counts without loading it.
+The block size and the bytes those blocks take on the wire are `zero_core.quantized_bytes`'s, arithmetic that
+the planner reads without loading torch.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import torch
 
-from zero_core.facts import fact
-
-if TYPE_CHECKING:
-    import torch
-
-BITS = (8, 4)
-WEIGHT_BITS = 8
-"""qwZ all-gathers weights as int8 (ZeRO++ §3.1)."""
-GRADIENT_BITS = 4
-"""qgZ sends gradients as int4 (ZeRO++ §3.3)."""
-SCALE_BYTES = 4
-"""One fp32 scale per block."""
-QUANT_BLOCK_ELEMENTS = int(fact("quantization_block_elements").value)
-"""Elements per quantization block, each with one fp32 scale: the course's choice, also the block the ZeRO++
-stages quantize with (`zero_core.variants.qwz`, `qgz`). ZeRO++ quantizes blockwise (§3.1) and DeepSpeed sizes
-blocks per tensor: weights in groups of at most 8000 elements that divide the shard (its `CUDAQuantizer`:
-"the optimal size is 4k"; 4096 for power-of-two shards), gradients one group per row of the 2-D gradient
-(`all_to_all_quant_reduce`). The scales add 4/2048 bytes per element, about 0.2% (0.1% at 4096)."""
-INT8_BYTES = 1 + SCALE_BYTES / QUANT_BLOCK_ELEMENTS
-"""Bytes per element of an int8 block on the wire, its scale included: 1 + 4/B."""
-INT4_BYTES = 0.5 + SCALE_BYTES / QUANT_BLOCK_ELEMENTS
-"""Bytes per element of an int4 block on the wire, its scale included: 1/2 + 4/B."""
-
-
-def max_code(bits: int) -> int:
-    """q_max: the largest code magnitude, 2^(bits-1) - 1 (the symmetric range leaves -2^(bits-1) unused)."""
-    if bits not in BITS:
-        raise ValueError(f"quantization to {bits} bits is not supported; use one of {BITS}")
-    return 2 ** (bits - 1) - 1
-
-
-def blocks_per_row(numel: int, block: int) -> int:
-    """ceil(n / B): how many scales a row of n elements carries."""
-    if block < 1:
-        raise ValueError(f"a quantization block needs at least one element, got {block}")
-    return -(-numel // block)
-
-
-def code_bytes_per_row(numel: int, bits: int) -> int:
-    """Bytes of codes for a row of n elements: n for int8, ceil(n/2) for int4."""
-    return numel if max_code(bits) == 127 else -(-numel // 2)
-
-
-def quantized_row_bytes(numel: int, bits: int, block: int = QUANT_BLOCK_ELEMENTS) -> int:
-    """Bytes a row of n elements takes on the wire: its codes and one fp32 scale per block, code + 4·ceil(n/B)."""
-    return code_bytes_per_row(numel, bits) + SCALE_BYTES * blocks_per_row(numel, block)
-
-
-def all_gather_bytes(chunk_numel: int, group_size: int, bits: int = WEIGHT_BITS) -> int:
-    """Bytes a rank sends in one quantized ring all-gather of shards of c elements over k ranks (qwZ's):
-    (k-1)·(c + 4·ceil(c/B)) in int8, against fp16's (k-1)·2c."""
-    return (group_size - 1) * quantized_row_bytes(chunk_numel, bits)
-
-
-def all_to_all_bytes(chunk_numel: int, world_size: int, gpus_per_node: int) -> tuple[int, int]:
-    """(in-node, across-node) bytes a rank sends for one layer's gradient in qgZ's two int4 all-to-alls, shards
-    of c elements, N ranks in M nodes of G: (G-1)·bytes(M·c) inside the node, (M-1)·bytes(c) across."""
-    g, m, c = gpus_per_node, world_size // gpus_per_node, chunk_numel
-    return (g - 1) * quantized_row_bytes(m * c, GRADIENT_BITS), (m - 1) * quantized_row_bytes(c, GRADIENT_BITS)
+from zero_core.quantized_bytes import blocks_per_row, max_code
 
 
 def quantize(x: torch.Tensor, bits: int, block: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -92,8 +33,6 @@ def quantize(x: torch.Tensor, bits: int, block: int) -> tuple[torch.Tensor, torc
 
     codes: int8 for 8 bits, uint8 (two codes per byte) for 4 bits; scales: fp32, one per block.
     """
-    import torch
-
     q_max = max_code(bits)
     rows, n = x.shape[:-1], x.shape[-1]
     blocks, width = blocks_per_row(n, block), min(block, n)
@@ -110,8 +49,6 @@ def quantize(x: torch.Tensor, bits: int, block: int) -> tuple[torch.Tensor, torc
 
 def dequantize(codes: torch.Tensor, scales: torch.Tensor, bits: int, block: int, numel: int) -> torch.Tensor:
     """fp32 values of `codes` (rows of `numel` elements) and their per-block `scales`: codes · scale."""
-    import torch
-
     max_code(bits)
     values = codes.to(torch.float32) if bits == 8 else unpack_int4(codes, numel).to(torch.float32)
     rows = values.shape[:-1]
@@ -125,8 +62,6 @@ def dequantize(codes: torch.Tensor, scales: torch.Tensor, bits: int, block: int,
 
 def pack_int4(codes: torch.Tensor) -> torch.Tensor:
     """Codes in -7..7 (integers, of any dtype), two per uint8 along the last dimension: even ones low, odd high."""
-    import torch
-
     n = codes.shape[-1]
     shifted = (codes + 8).to(torch.uint8)
     if n % 2:
@@ -136,8 +71,6 @@ def pack_int4(codes: torch.Tensor) -> torch.Tensor:
 
 def unpack_int4(packed: torch.Tensor, numel: int) -> torch.Tensor:
     """The int8 codes of `pack_int4`'s bytes: `numel` per row."""
-    import torch
-
     low = (packed & 0x0F).to(torch.int8) - 8
     high = (packed >> 4).to(torch.int8) - 8
     return torch.stack([low, high], dim=-1).flatten(-2)[..., :numel]

@@ -15,7 +15,7 @@ from zero_core.cli.errors import UsageError
 from zero_core.cli.render import table
 from zero_core.planner import configuration_time
 from zero_core.planner.time_model import MACHINES, Machine
-from zero_core.quantize import QUANT_BLOCK_ELEMENTS
+from zero_core.quantized_bytes import QUANT_BLOCK_ELEMENTS
 from zero_core.units import format_seconds
 
 DEFAULT_TOKENS_PER_GPU = 4096

@@ -17,7 +17,7 @@ is this algorithm: `swizzle_quant` (reorder + int4), an all-to-all of codes and 
 `quantized_reduction` (dequantize, reduce, requantize), the same two across nodes, dequantize and average.
 
 Bytes a rank sends per layer (chunk c): (G-1)·(ceil(M·c/2) + 4·ceil(M·c/B)) inside the node and
-(M-1)·(ceil(c/2) + 4·ceil(c/B)) across (`zero_core.quantize.all_to_all_bytes`), against ZeRO-3's ring
+(M-1)·(ceil(c/2) + 4·ceil(c/B)) across (`zero_core.quantized_bytes.all_to_all_bytes`), against ZeRO-3's ring
 (N-1)·2c: a quarter of the bytes, all but the last 1/G of them inside the node.
 
 Not bit-identical: each quantization moves a value by up to half its block's scale, so rank r's chunk
@@ -33,7 +33,8 @@ import torch
 import torch.nn as nn
 
 from zero_core import dist, memory
-from zero_core.quantize import GRADIENT_BITS, QUANT_BLOCK_ELEMENTS, dequantize, quantize
+from zero_core.quantize import dequantize, quantize
+from zero_core.quantized_bytes import GRADIENT_BITS, QUANT_BLOCK_ELEMENTS
 from zero_core.stages.base import TrainConfig
 from zero_core.stages.sharding import InFlightReduceScatter
 from zero_core.stages.zero3 import Zero3

@@ -11,8 +11,8 @@ quantizes every gather, in forward and in backward: so does `QuantizedGatherShar
 Bytes a rank sends per gather of a layer whose shard has c elements, over a group of k ranks (ring):
 (k-1)·(c + 4·ceil(c/B)) with B = `QUANT_BLOCK_ELEMENTS`, against ZeRO-3's (k-1)·2c: half, plus the
 scales, 4/B bytes per element (0.2% at B = 2048; on the micro model every shard is one block, so the
-scales cost more there, `zero_core.quantize.all_gather_bytes`). Resident memory is ZeRO-3's 16Ψ/N: the int8 codes and
-scales live only while the layer is gathered, under `gather.fp16` like the layer.
+scales cost more there, `zero_core.quantized_bytes.all_gather_bytes`). Resident memory is ZeRO-3's 16Ψ/N:
+the int8 codes and scales live only while the layer is gathered, under `gather.fp16` like the layer.
 
 Not bit-identical to ZeRO-0: every forward and backward computes with weights moved by up to half a
 block's scale (max|w| of the block / 254). The gradients are ZeRO-3's reduce-scatter of those, the
@@ -27,7 +27,8 @@ import torch
 import torch.nn as nn
 
 from zero_core import dist, memory
-from zero_core.quantize import QUANT_BLOCK_ELEMENTS, WEIGHT_BITS, dequantize, quantize
+from zero_core.quantize import dequantize, quantize
+from zero_core.quantized_bytes import QUANT_BLOCK_ELEMENTS, WEIGHT_BITS
 from zero_core.stages.base import TrainConfig
 from zero_core.stages.sharding import LayerShard
 from zero_core.stages.zero3 import Zero3
