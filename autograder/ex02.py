@@ -18,12 +18,12 @@ import torch.nn as nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from autograder.checks import CheckFailed
-from autograder.harness import Recording
+from autograder.harness import GradedStage
 from autograder.integrity import answer_modules
-from autograder.records import Run
+from autograder.records import RankRecord, Run
 from autograder.stage_checks import StageExercise
 from zero_core import cluster, dist
-from zero_core.stages.base import ReplicatedStage
+from zero_core.stages.base import ReplicatedStage, TrainConfig
 
 ASSIGNMENT = "ex02_zero1_sharded_adam"
 ANSWER_MODULES = answer_modules()
@@ -61,15 +61,20 @@ class LargestFloat32(TorchDispatchMode):
         return out
 
 
-class StudentZero1(Recording, ReplicatedStage):
-    """The reference ZeRO-1 training loop, whose gradient sync and optimizer step are the student's.
+class StudentZero1(ReplicatedStage):
+    """The reference ZeRO-1 training loop, whose gradient sync and optimizer step are `step_function`, the
+    student's.
 
     It derives from the stage scaffolding, not from `Zero1`, whose two collectives are this exercise's
     answer: `zero_core.stages.zero1` is never loaded where the student's code runs."""
 
-    exercise = ASSIGNMENT
     stage = 1
-    step_function: Callable[..., None]
+    record: RankRecord | None = None
+    """Where the largest fp32 tensor of each layer's step goes (set by `harness.record_rank`)."""
+
+    def __init__(self, config: TrainConfig, functions: dict | None = None, *, step_function: Callable[..., None]):
+        self.step_function = step_function
+        super().__init__(config, functions)
 
     def sync_gradients(self) -> None:
         """Nothing here: the student's step reduces the gradients itself."""
@@ -78,7 +83,7 @@ class StudentZero1(Recording, ReplicatedStage):
         self.adam_steps += 1
         for layer in self.layers:
             with LargestFloat32() as meter:
-                type(self).step_function(
+                self.step_function(
                     self.params[layer.name], self.grads[layer.name], layer.partition, layer.master, self.adam_steps
                 )
             self.record.largest_fp32[layer.name] = (meter.numel, meter.where)
@@ -99,11 +104,8 @@ def fp32_memory_rules(run: Run, reference: Run, label: str) -> None:
                 )
 
 
-def _build(zero1_step: Callable[..., None]) -> tuple[type, None]:
-    class WithStudentStep(StudentZero1):
-        step_function = staticmethod(zero1_step)
-
-    return WithStudentStep, None
+def _build(zero1_step: Callable[..., None]) -> tuple[GradedStage, None]:
+    return GradedStage(StudentZero1, ASSIGNMENT, {"step_function": zero1_step}), None
 
 
 EXERCISE = StageExercise(

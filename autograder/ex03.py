@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch.nn as nn
 
-from autograder.harness import Recording
+from autograder.harness import GradedStage
 from autograder.integrity import answer_modules
 from autograder.records import Run
 from autograder.stage_checks import StageExercise
@@ -38,20 +38,18 @@ def gradient_memory_rules(run: Run, reference: Run, label: str) -> None:
     compare_peaks(run, reference, memory.ACTIVATIONS, label, ACTIVATIONS_ADVICE)
 
 
-class GradedZero2(Recording, Zero2):
-    """The reference ZeRO-2, recorded: with the student's Linear Function, or its own."""
-
-    exercise = ASSIGNMENT
+GRADED = GradedStage(Zero2, ASSIGNMENT)
+"""The reference ZeRO-2, recorded: with the student's Linear Function, or its own."""
 
 
-def _build(linear: type) -> tuple[type, dict]:
-    return GradedZero2, {nn.Linear: linear}
+def _build(linear: type) -> tuple[GradedStage, dict]:
+    return GRADED, {nn.Linear: linear}
 
 
 EXERCISE = StageExercise(
     exercise=ASSIGNMENT,
     names=("ReduceScatterLinear",),
-    reference="autograder.ex03:GradedZero2",
+    reference="autograder.ex03:GRADED",
     students_collectives=(("grad", nn.Linear),),
     build=_build,
     memory_rules=gradient_memory_rules,

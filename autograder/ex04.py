@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch.nn as nn
 
 from autograder.ex03 import gradient_memory_rules
-from autograder.harness import Recording
+from autograder.harness import GradedStage
 from autograder.integrity import answer_modules
 from autograder.records import Run
 from autograder.stage_checks import StageExercise
@@ -43,20 +43,18 @@ def parameter_memory_rules(run: Run, reference: Run, label: str) -> None:
     gradient_memory_rules(run, reference, label)
 
 
-class GradedZero3(Recording, Zero3):
-    """The reference ZeRO-3, recorded: with the student's Linear and Embedding Functions, or its own."""
-
-    exercise = ASSIGNMENT
+GRADED = GradedStage(Zero3, ASSIGNMENT)
+"""The reference ZeRO-3, recorded: with the student's Linear and Embedding Functions, or its own."""
 
 
-def _build(linear: type, embedding: type) -> tuple[type, dict]:
-    return GradedZero3, {nn.Linear: linear, nn.Embedding: embedding}
+def _build(linear: type, embedding: type) -> tuple[GradedStage, dict]:
+    return GRADED, {nn.Linear: linear, nn.Embedding: embedding}
 
 
 EXERCISE = StageExercise(
     exercise=ASSIGNMENT,
     names=("GatherLinear", "GatherEmbedding"),
-    reference="autograder.ex04:GradedZero3",
+    reference="autograder.ex04:GRADED",
     students_collectives=tuple((what, kind) for what in ("grad", "param") for kind in (nn.Linear, nn.Embedding)),
     build=_build,
     memory_rules=parameter_memory_rules,

@@ -21,10 +21,11 @@ import random
 from collections import Counter
 from typing import Any
 
+import torch
 import torch.nn as nn
 
 from autograder.checks import Check, CheckFailed
-from autograder.harness import Recording, layer_partitions
+from autograder.harness import GradedStage, layer_partitions
 from autograder.integrity import REFERENCE_MODULES, StudentShard, answer_modules
 from autograder.records import Run, element_size
 from autograder.stage_checks import HIDDEN_CELL_WORLD_SIZES, VISIBLE_WORLD_SIZES, Setting, StageExercise
@@ -72,38 +73,23 @@ def draw_bucket_bytes(rng: random.Random, world_size: int) -> int:
     return rng.randrange(low, high + 1, 2)
 
 
-class GradedBucketedZero2(Recording, BucketedZero2):
-    """The bucketed ZeRO-2, recorded, with buckets of `graded_bucket_bytes` in bf16 (None: `BUCKET_BYTES` of
-    the world size), as many elements in fp32."""
-
-    exercise = ASSIGNMENT
-    graded_bucket_bytes: int | None = None
-
-    @property
-    def bucket_bytes(self) -> int:  # type: ignore[override]
-        bf16_bytes = self.graded_bucket_bytes or BUCKET_BYTES[self.world_size]
-        return bf16_bytes * self.dtype.itemsize // 2
+def bucketed_options(world_size: int, dtype: torch.dtype, bucket_bytes: int | None) -> dict[str, Any]:
+    """Buckets of `bucket_bytes` in bf16 (None: `BUCKET_BYTES` of the world size), as many elements in fp32."""
+    bf16_bytes = bucket_bytes or BUCKET_BYTES[world_size]
+    return {"bucket_bytes": bf16_bytes * dtype.itemsize // 2}
 
 
-def with_bucket_bytes(stage: type, bucket_bytes: int) -> type:
-    class WithBucketBytes(stage):
-        graded_bucket_bytes = bucket_bytes
-
-    return WithBucketBytes
+GRADED = GradedStage(BucketedZero2, ASSIGNMENT, per_rank=bucketed_options)
+"""The bucketed ZeRO-2, recorded, with the check's bucket size."""
 
 
-def _guarded(stage: BucketedZero2, shard: Any) -> StudentShard:
+def _guarded(shard: Any) -> StudentShard:
     return StudentShard(shard, ASSIGNMENT)
 
 
-def _build(buckets: type) -> tuple[type, None]:
-    class StudentBucketedZero2(GradedBucketedZero2):
-        """The graded stage with the student's `GradientBuckets`, handed each layer's shard as a `StudentShard`."""
-
-        BUCKETS = buckets
-        handed_shard = _guarded
-
-    return StudentBucketedZero2, None
+def _build(buckets: type) -> tuple[GradedStage, None]:
+    """The graded stage with the student's `GradientBuckets`, handed each layer's shard as a `StudentShard`."""
+    return GRADED.with_options(buckets=buckets, hand=_guarded), None
 
 
 def _reduce_scatters(run: Run, rank: int, step: int) -> list:
@@ -229,7 +215,7 @@ def check_overlap(run: Run, label: str) -> None:
 EXERCISE = StageExercise(
     exercise=ASSIGNMENT,
     names=("GradientBuckets",),
-    reference="autograder.ex06:GradedBucketedZero2",
+    reference="autograder.ex06:GRADED",
     students_collectives=tuple(("grad", kind) for kind in (nn.Linear, nn.Embedding, nn.LayerNorm)),
     build=_build,
     memory_rules=bucket_memory_rules,
@@ -242,7 +228,6 @@ EXERCISE = StageExercise(
         "bucket_bytes",
         default=BUCKET_BYTES.__getitem__,
         draw=draw_bucket_bytes,
-        configure=with_bucket_bytes,
         describe=lambda limit: f"B = {limit:,} bytes",
         sized=SIZED_BUCKET_BYTES,
     ),

@@ -22,10 +22,11 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
+import torch
 import torch.nn as nn
 
 from autograder.checks import Check, CheckFailed
-from autograder.harness import Recording
+from autograder.harness import GradedStage
 from autograder.integrity import REFERENCE_MODULES, StudentShard, answer_modules
 from autograder.records import Collective, Run
 from autograder.stage_checks import HIDDEN_CELL_WORLD_SIZES, VISIBLE_WORLD_SIZES, Setting, StageExercise
@@ -59,28 +60,22 @@ def window_of(world_size: int) -> int:
     return WINDOW.get(world_size, DEFAULT_WINDOW)
 
 
-class GradedPrefetchingZero3(Recording, PrefetchingZero3):
-    """The prefetching ZeRO-3, recorded, with the window of the graded world size; `with_window` sets another."""
-
-    exercise = ASSIGNMENT
-
-    @property
-    def window(self) -> int:  # type: ignore[override]
-        return window_of(self.world_size)
+def prefetching_options(world_size: int, dtype: torch.dtype, window: int | None) -> dict[str, Any]:
+    """A window of `window` layers (None: `window_of` the world size)."""
+    return {"window": window_of(world_size) if window is None else window}
 
 
-def _guarded(stage: PrefetchingZero3, shard: Any) -> StudentShard:
+GRADED = GradedStage(PrefetchingZero3, ASSIGNMENT, per_rank=prefetching_options)
+"""The prefetching ZeRO-3, recorded, with the check's window."""
+
+
+def _guarded(shard: Any) -> StudentShard:
     return StudentShard(shard, ASSIGNMENT)
 
 
-def _build(prefetcher: type) -> tuple[type, None]:
-    class StudentPrefetchingZero3(GradedPrefetchingZero3):
-        """The graded stage with the student's `Prefetcher`, handed each layer's shard as a `StudentShard`."""
-
-        PREFETCHER = prefetcher
-        handed_shard = _guarded
-
-    return StudentPrefetchingZero3, None
+def _build(prefetcher: type) -> tuple[GradedStage, None]:
+    """The graded stage with the student's `Prefetcher`, handed each layer's shard as a `StudentShard`."""
+    return GRADED.with_options(prefetcher=prefetcher, hand=_guarded), None
 
 
 def gathered_bytes_bound(run: Run, window: int) -> int:
@@ -204,7 +199,7 @@ def _judge_gather(c: Collective, needs: list[tuple[float, str]], position: int, 
 EXERCISE = StageExercise(
     exercise=ASSIGNMENT,
     names=("Prefetcher",),
-    reference="autograder.ex07:GradedPrefetchingZero3",
+    reference="autograder.ex07:GRADED",
     students_collectives=tuple(("param", kind) for kind in (nn.Linear, nn.Embedding, nn.LayerNorm)),
     build=_build,
     memory_rules=prefetch_memory_rules,
@@ -217,7 +212,6 @@ EXERCISE = StageExercise(
         "windows",
         default=window_of,
         draw=lambda rng, world_size: rng.choice(HIDDEN_WINDOWS),
-        configure=lambda stage, window: stage.with_window(window),
         describe=lambda window: f"k = {window}",
     ),
 )

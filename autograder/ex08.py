@@ -34,7 +34,7 @@ import torch.nn as nn
 
 from autograder import recorded
 from autograder.checks import Check, CheckFailed
-from autograder.harness import STEPS, TRAINING_CONFIG, Recording
+from autograder.harness import STEPS, TRAINING_CONFIG, GradedStage
 from autograder.integrity import StudentShard, answer_modules
 from autograder.records import Collective, Run
 from autograder.stage_checks import HIDDEN_CELL_WORLD_SIZES, VISIBLE_WORLD_SIZES, Setting, StageExercise
@@ -48,8 +48,6 @@ from autograder.verdicts import (
     tolerance_from_oracle,
 )
 from zero_core import comm, memory, schedule
-from zero_core.context import current
-from zero_core.memory import unaudited
 from zero_core.registry import answer_module
 from zero_core.stages.base import OVERFLOW_TAG
 from zero_core.variants.accumulating import NORM_TAG, AccumulatingZero2
@@ -92,48 +90,25 @@ def draw_accumulation(rng: random.Random, world_size: int) -> list:
     return [rng.choice(HIDDEN_MICRO_STEPS), round(rng.uniform(*HIDDEN_MAX_NORMS), 2)]
 
 
-class GradedAccumulatingZero2(Recording, AccumulatingZero2):
-    """The accumulating ZeRO-2, recorded, with the graded world size's k and max_norm (`with_accumulation` sets
-    others), whose record of the gradient given to Adam (`harness.Recording`) is the clipped one, as the
-    oracle's is."""
-
-    exercise = ASSIGNMENT
-
-    @property
-    def micro_steps(self) -> int:  # type: ignore[override]
-        return ACCUMULATION[self.world_size].micro_steps
-
-    @property
-    def max_norm(self) -> float:  # type: ignore[override]
-        return ACCUMULATION[self.world_size].max_norm
-
-    def clip_gradients(self, grads: list[torch.Tensor]) -> None:
-        super().clip_gradients(grads)
-        with unaudited():
-            for layer, grad in zip(self.layers, grads, strict=True):
-                self.record.adam_grads[(layer.name, current().step)] = grad.detach().clone()
+def accumulating_options(world_size: int, dtype: torch.dtype, accumulation: Accumulation | None) -> dict[str, Any]:
+    """k micro-batches and `max_norm` of `accumulation` (None: `ACCUMULATION` of the world size)."""
+    micro_steps, max_norm = accumulation or ACCUMULATION[world_size]
+    return {"micro_steps": micro_steps, "max_norm": max_norm}
 
 
-def with_accumulation(stage: type, accumulation: Accumulation) -> type:
-    class WithAccumulation(stage):
-        micro_steps, max_norm = accumulation
+GRADED = GradedStage(AccumulatingZero2, ASSIGNMENT, per_rank=accumulating_options)
+"""The accumulating ZeRO-2, recorded, with the check's k and max_norm. The stage clips the gradient in place
+before Adam, so the record of what Adam receives (`harness.RecordingAdam`) is the clipped gradient, as the
+oracle's is."""
 
-    return WithAccumulation
 
-
-def _guarded(stage: AccumulatingZero2, shard: Any) -> StudentShard:
+def _guarded(shard: Any) -> StudentShard:
     return StudentShard(shard, ASSIGNMENT)
 
 
-def _build(accumulate: Any, clip: Any) -> tuple[type, None]:
-    class StudentAccumulatingZero2(GradedAccumulatingZero2):
-        """The graded stage with the student's two functions, handed each layer's shard as a `StudentShard`."""
-
-        ACCUMULATE = staticmethod(accumulate)
-        CLIP = staticmethod(clip)
-        handed_shard = _guarded
-
-    return StudentAccumulatingZero2, None
+def _build(accumulate: Any, clip: Any) -> tuple[GradedStage, None]:
+    """The graded stage with the student's two functions, handed each layer's shard as a `StudentShard`."""
+    return GRADED.with_options(accumulate=accumulate, clip=clip, hand=_guarded), None
 
 
 # -- memory ------------------------------------------------------------------------------------------------
@@ -438,7 +413,7 @@ def judge_memory_and_communication(observation: Any, world_sizes: list[int], **g
 EXERCISE = StageExercise(
     exercise=ASSIGNMENT,
     names=("accumulate_gradient", "clip_global_norm"),
-    reference="autograder.ex08:GradedAccumulatingZero2",
+    reference="autograder.ex08:GRADED",
     students_collectives=tuple(("grad", kind) for kind in (nn.Linear, nn.Embedding, nn.LayerNorm)),
     build=_build,
     memory_rules=accumulation_memory_rules,
@@ -450,7 +425,6 @@ EXERCISE = StageExercise(
         "accumulation",
         default=ACCUMULATION.__getitem__,
         draw=draw_accumulation,
-        configure=with_accumulation,
         describe=lambda accumulation: f"k = {accumulation.micro_steps}, max_norm = {accumulation.max_norm:g}",
         read=lambda value: Accumulation(*value),
     ),

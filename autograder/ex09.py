@@ -26,6 +26,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 import torch.nn as nn
 
 from autograder import recorded
@@ -33,8 +34,7 @@ from autograder.checks import Check, CheckFailed
 from autograder.harness import (
     CONFIG,
     STEPS,
-    Recording,
-    graded_stage,
+    GradedStage,
     layer_partitions,
     run_once,
     train_observed,
@@ -55,7 +55,6 @@ from autograder.records import (
 from autograder.stage_checks import GradedRun, Setting, StageExercise, observed_entries, observed_runs
 from autograder.verdicts import check_nothing_left_behind, check_own_collectives, check_released
 from zero_core import comm, memory
-from zero_core.context import current
 from zero_core.registry import answer_module
 from zero_core.stages.base import OVERFLOW_TAG, TrainConfig, layer_tag
 from zero_core.topology import RING, Topology, link_bytes
@@ -99,32 +98,18 @@ def draw_gpus_per_node(rng: random.Random, world_size: int) -> int:
     return rng.choice(node_shapes(world_size))
 
 
-class GradedHierarchicalZero3(Recording, HierarchicalZero3):
-    """The hierarchical ZeRO-3, recorded, in nodes of `graded_gpus_per_node` (None: `gpus_per_node` of the world
-    size)."""
-
-    exercise = ASSIGNMENT
-    graded_gpus_per_node: int | None = None
-
-    def __init__(self, config: TrainConfig, functions: dict | None = None) -> None:
-        g = self.graded_gpus_per_node or gpus_per_node(current().world_size)
-        super().__init__(config, functions, gpus_per_node=g)
+def hierarchical_options(world_size: int, dtype: torch.dtype, g: int | None) -> dict[str, Any]:
+    """Nodes of `g` ranks (None: `gpus_per_node` of the world size)."""
+    return {"gpus_per_node": g or gpus_per_node(world_size)}
 
 
-def with_gpus_per_node(stage: type, g: int) -> type:
-    class WithGpusPerNode(stage):
-        graded_gpus_per_node = g
-
-    return WithGpusPerNode
+GRADED = GradedStage(HierarchicalZero3, ASSIGNMENT, per_rank=hierarchical_options)
+"""The hierarchical ZeRO-3, recorded, in the check's nodes."""
 
 
-def _build(function: Any) -> tuple[type, None]:
-    class StudentHierarchicalZero3(GradedHierarchicalZero3):
-        """The graded stage whose layers gather with the student's `hierarchical_all_gather`."""
-
-        ALL_GATHER = staticmethod(function)
-
-    return StudentHierarchicalZero3, None
+def _build(function: Any) -> tuple[GradedStage, None]:
+    """The graded stage whose layers gather with the student's `hierarchical_all_gather`."""
+    return GRADED.with_options(all_gather=function), None
 
 
 # -- runs with their links, made where the student's code runs ---------------------------------------------
@@ -139,9 +124,9 @@ class Links:
     gathers: list[list[GatherCall]]
 
 
-def train_linked(stage_cls: type, world_size: int, config: TrainConfig = CONFIG) -> tuple[Run, Links]:
+def train_linked(graded: GradedStage, world_size: int, config: TrainConfig = CONFIG) -> tuple[Run, Links]:
     """`harness.train`, keeping the ledger's groups and the shards' gather measurements."""
-    run, ledger, observed = train_observed(stage_cls, world_size, config=config, observed=(GATHER_CALLS,))
+    run, ledger, observed = train_observed(graded, world_size, config=config, observed=(GATHER_CALLS,))
     groups = [[(e.group, e.src) for e in ledger.entries(rank)] for rank in range(world_size)]
     return run, Links(groups, [observations[GATHER_CALLS] for observations in observed])
 
@@ -324,7 +309,7 @@ class LinkedStageExercise(StageExercise):
         student release's record (`autograder.recorded`)."""
 
         def make() -> tuple[Run, Links]:
-            return train_linked(self.configured(graded_stage(self.reference_stage, self.exercise), g), n, config)
+            return train_linked(self.configured(self.reference_stage, g), n, config)
 
         def decode(data: dict[str, Any]) -> tuple[Run, Links]:
             run = run_from_data(data["run"], n, STEPS, layer_partitions(n))
@@ -361,7 +346,7 @@ def gathered_memory_rules(run: Run, reference: Run, label: str) -> None:
 EXERCISE = LinkedStageExercise(
     exercise=ASSIGNMENT,
     names=("hierarchical_all_gather",),
-    reference="autograder.ex09:GradedHierarchicalZero3",
+    reference="autograder.ex09:GRADED",
     students_collectives=tuple(("param", kind) for kind in (nn.Linear, nn.Embedding, nn.LayerNorm)),
     build=_build,
     memory_rules=gathered_memory_rules,
@@ -372,7 +357,6 @@ EXERCISE = LinkedStageExercise(
         "gpus_per_node",
         default=gpus_per_node,
         draw=draw_gpus_per_node,
-        configure=with_gpus_per_node,
         describe=lambda g: f"nodes of {g}",
     ),
     hidden_world_sizes=draw_world_sizes,

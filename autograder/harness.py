@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field, replace
 from functools import cache
 from typing import Any, TypeVar
 
@@ -43,9 +44,10 @@ from zero_core.context import current
 from zero_core.dist import RECORD_ISSUERS
 from zero_core.memory import unaudited
 from zero_core.model import build_model, parameter_layers, preset
-from zero_core.optim import AdamShard
+from zero_core.optim import AdamShard, precision_dtype
 from zero_core.partition import FlatPartition
 from zero_core.stages import TrainConfig, ZeroStage
+from zero_core.stages.base import ReplicatedStage
 from zero_core.stages.sharding import FunctionLayer
 
 CONFIG = TrainConfig(model=preset("micro"))
@@ -60,69 +62,100 @@ CACHED_RUNS = 24
 
 
 class RecordingAdam(AdamShard):
-    """An `AdamShard` that remembers the gradient it was given, per layer and training step."""
+    """An `AdamShard` that remembers the fp32 gradient it is given, per layer and training step.
 
-    def __init__(self, inner: AdamShard, layer: str, record: RankRecord) -> None:
+    `pieces(grad)` splits the gradient it is given into {layer: piece}: a layer's own master takes one
+    layer's gradient, the stage's optimizer every layer's master range concatenated (`master_gradients`).
+    What it records is what Adam really receives: after unscaling and, where the stage clips, clipping.
+    """
+
+    def __init__(
+        self, inner: AdamShard, pieces: Callable[[torch.Tensor], dict[str, torch.Tensor]], record: RankRecord
+    ) -> None:
         self.config, self.master, self.m, self.v = inner.config, inner.master, inner.m, inner.v
-        self.layer, self.record = layer, record
+        self.pieces, self.record = pieces, record
 
     def step(self, grad: torch.Tensor, step: int) -> None:
         with unaudited():
-            self.record.adam_grads[(self.layer, current().step)] = grad.detach().clone()
+            for layer, piece in self.pieces(grad).items():
+                self.record.adam_grads[(layer, current().step)] = piece.detach().clone()
         super().step(grad, step)
 
 
-class Recording:
-    """Mixin for a `ZeroStage`, first among its bases: records each rank's work, and hands student Functions a
-    `StudentShard` (the layer's data, without the reference's collectives).
+def record_rank(stage: ZeroStage, exercise: str, functions: dict | None) -> RankRecord:
+    """Start recording what `stage`, just built on this rank, does: the gradients Adam receives (through its
+    optimizer and its layers' masters); hand student Functions a `StudentShard` (the layer's data, without
+    the reference's collectives). The stage keeps its class: recording wraps its parts, it does not derive.
 
     The exercises' Functions wait for their reduce-scatter at once, so the stage they are compared with does
-    too (`overlap_reduce_scatter = False`): otherwise a reference layer's bucket, still in flight, would be
+    too (`InFlightReduceScatter.overlap`): otherwise a reference layer's bucket, still in flight, would be
     alive next to a student layer's, and the bucket peaks would differ for no fault of the student's.
     """
-
-    exercise = ""
-    overlap_reduce_scatter = False
-
-    def __init__(self, config: TrainConfig, functions: dict | None = None, **options: Any) -> None:
-        """`options`: what the stage takes besides (`gpus_per_node`)."""
-        super().__init__(config, functions, **options)
-        self.record = RankRecord()
-        for layer in self.layers:
-            layer.master = RecordingAdam(layer.master, layer.name, self.record)
-        student_functions = set((functions or {}).values())
-        for module in self.model.modules():
-            if isinstance(module, FunctionLayer) and module.function in student_functions:
-                module.shard = StudentShard(module.shard, self.exercise)
-
-    def update_masters(self, grad: torch.Tensor) -> None:
-        with unaudited():
-            for layer, piece in self.master_gradients(grad).items():
-                self.record.adam_grads[(layer, current().step)] = piece.clone()
-        super().update_masters(grad)
-
-    def optimizer_step(self) -> bool:
-        if self.stage >= 2:
-            self.record.stray_grads.update(
-                name.rsplit(".params.", 1)[0] for name, p in self.model.named_parameters() if p.grad is not None
-            )
-        return super().optimizer_step()
+    record = RankRecord()
+    stage.optimizer = RecordingAdam(stage.optimizer, stage.master_gradients, record)
+    for layer in stage.layers:
+        layer.master = RecordingAdam(layer.master, lambda grad, name=layer.name: {name: grad}, record)
+    if hasattr(stage, "in_flight"):
+        stage.in_flight.overlap = False
+    student_functions = set((functions or {}).values())
+    for module in stage.model.modules():
+        if isinstance(module, FunctionLayer) and module.function in student_functions:
+            module.shard = StudentShard(module.shard, exercise)
+    if hasattr(stage, "record"):
+        stage.record = record
+    return record
 
 
-def graded_stage(stage_cls: type[ZeroStage], exercise: str) -> type[ZeroStage]:
-    """`stage_cls` with the recorders of `Recording`; a stage that has them already (an exercise's own plain
-    class, such as `class GradedZero2(Recording, Zero2)` in `autograder.ex03`) as it is.
+def stray_gradients(stage: ZeroStage) -> set[str]:
+    """The layers whose parameters autograd left a `.grad` on, under a stage that keeps no full gradient."""
+    if isinstance(stage, ReplicatedStage):
+        return set()  # ZeRO-0 and ZeRO-1 keep every gradient by design, as the parameters' .grad views
+    return {name.rsplit(".params.", 1)[0] for name, p in stage.model.named_parameters() if p.grad is not None}
 
-    Made here only for a stage that a plain class cannot name where it is defined: one the judge imports by
-    its name and the student's process never loads (ex02's reference, `Zero1`, is that exercise's answer),
-    or a test's."""
-    if issubclass(stage_cls, Recording):
-        return stage_cls
-    return type(f"Graded{stage_cls.__name__}", (Recording, stage_cls), {"exercise": exercise})
+
+def no_options(world_size: int, dtype: torch.dtype, setting: Any) -> dict[str, Any]:
+    return {}
+
+
+@dataclass(frozen=True)
+class GradedStage:
+    """How the grader builds a stage on each rank: its class, the options it is constructed with, and the
+    exercise's setting (ex06's bucket size, ...), which `per_rank` turns into options for the rank's world
+    size and training dtype. Calling it builds the stage and starts recording it (`record_rank`).
+
+    A plain value, not a class made at run time: the same stage class runs the student's piece and the
+    reference's, given different options (`with_options`, `with_setting`)."""
+
+    cls: type[ZeroStage]
+    exercise: str
+    options: dict[str, Any] = field(default_factory=dict)
+    per_rank: Callable[[int, torch.dtype, Any], dict[str, Any]] = no_options
+    setting: Any = None
+
+    @property
+    def stage(self) -> int | str:
+        """The ZeRO stage it runs (a message names it)."""
+        return self.cls.stage
+
+    def with_options(self, **options: Any) -> GradedStage:
+        return replace(self, options={**self.options, **options})
+
+    def with_setting(self, setting: Any) -> GradedStage:
+        return replace(self, setting=setting)
+
+    def __call__(self, config: TrainConfig, functions: dict | None) -> tuple[ZeroStage, RankRecord]:
+        options = {**self.per_rank(current().world_size, precision_dtype(config.precision), self.setting)}
+        stage = self.cls(config, functions, **options, **self.options)
+        return stage, record_rank(stage, self.exercise, functions)
+
+
+def graded_stage(stage: type[ZeroStage] | GradedStage, exercise: str) -> GradedStage:
+    """`stage` as the grader builds it: a stage class with no options, or an exercise's `GradedStage` as it is."""
+    return stage if isinstance(stage, GradedStage) else GradedStage(stage, exercise)
 
 
 def _train_rank(
-    stage_cls: type[ZeroStage], functions: dict | None, steps: int, config: TrainConfig, observed: tuple[str, ...]
+    graded: GradedStage, functions: dict | None, steps: int, config: TrainConfig, observed: tuple[str, ...]
 ) -> tuple[RankRecord, dict[str, list]]:
     """Train under the memory audit: every storage the rank allocates, the student's code included, is on
     its ledger whether or not the code registers it, and counts for as long as anything keeps it alive.
@@ -132,13 +165,14 @@ def _train_rank(
     observations: dict[str, list] = {key: [] for key in observed}
     current().extra.update(observations)
     with current().tracker.audit(), schedule.record() as marks:
-        trainer = stage_cls(config, functions=functions)
+        trainer, record = graded(config, functions)
         for step in range(steps):
-            trainer.record.losses.append(trainer.train_step(step))
+            record.losses.append(trainer.train_step(step))
+            record.stray_grads.update(stray_gradients(trainer))
     with unaudited():
-        trainer.record.master = trainer.master_shards()
-    trainer.record.schedule = marks
-    return trainer.record, observations
+        record.master = trainer.master_shards()
+    record.schedule = marks
+    return record, observations
 
 
 def layer_partitions(world_size: int) -> dict[str, FlatPartition]:
@@ -164,19 +198,19 @@ def layer_shapes() -> dict[str, dict[str, torch.Size]]:
 
 
 def train(
-    stage_cls: type[ZeroStage],
+    graded: GradedStage,
     world_size: int,
     functions: dict | None = None,
     steps: int = STEPS,
     config: TrainConfig = CONFIG,
     witnessed_collectives: bool = True,
 ) -> Run:
-    """Train `stage_cls` (a `graded_stage`) on `world_size` ranks; cluster errors propagate."""
-    return train_observed(stage_cls, world_size, functions, steps, config, (), witnessed_collectives)[0]
+    """Train the `graded` stage on `world_size` ranks; cluster errors propagate."""
+    return train_observed(graded, world_size, functions, steps, config, (), witnessed_collectives)[0]
 
 
 def train_observed(
-    stage_cls: type[ZeroStage],
+    graded: GradedStage,
     world_size: int,
     functions: dict | None = None,
     steps: int = STEPS,
@@ -197,7 +231,7 @@ def train_observed(
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        results = cluster.run(_train_rank, stage_cls, functions, steps, config, observed, deadline_s=RUN_DEADLINE_S)
+        results = cluster.run(_train_rank, graded, functions, steps, config, observed, deadline_s=RUN_DEADLINE_S)
     finally:
         torch.set_num_threads(threads)
     records = [record for record, _ in results]

@@ -27,6 +27,7 @@ from autograder.harness import (
     CONFIG,
     STEPS,
     TRAINING_CONFIG,
+    GradedStage,
     graded_stage,
     layer_kinds,
     layer_partitions,
@@ -47,7 +48,7 @@ from autograder.verdicts import (
     tolerance_from_oracle,
 )
 from zero_core.registry import named_object
-from zero_core.stages.base import OVERFLOW_TAG, TrainConfig, ZeroStage, layer_tag
+from zero_core.stages.base import OVERFLOW_TAG, TrainConfig, layer_tag
 
 VISIBLE_WORLD_SIZES = [2, 3]
 HIDDEN_CELL_WORLD_SIZES = [5, 7]
@@ -77,8 +78,6 @@ class Setting:
     """The value on N ranks when the check gives none (the visible checks, a notebook's call)."""
     draw: Callable[[random.Random, int], Any]
     """A hidden check's value on N ranks, from a range that keeps the check meaningful; JSON data."""
-    configure: Callable[[type, Any], type]
-    """The stage class with the value."""
     describe: Callable[[Any], str]
     """The value as a message shows it: "B = 9,216 bytes"."""
     read: Callable[[Any], Any] = lambda value: value
@@ -110,8 +109,8 @@ class StageExercise:
     reference: str
     """The reference stage, "module:Class": imported only by the judge (`reference_stage`), never where
     the student's code runs."""
-    build: Callable[..., tuple[type[ZeroStage], dict | None]]
-    """build(*student objects) -> (stage class, functions) for the student's run."""
+    build: Callable[..., tuple[GradedStage, dict | None]]
+    """build(*student objects) -> (graded stage, functions) for the student's run."""
     students_collectives: tuple[tuple[str, type], ...]
     """The collectives the student's code issues, as ("grad" or "param", kind of layer): ex03's Linear
     layers' gradient reduce-scatters, say. The stage issues the others."""
@@ -139,8 +138,9 @@ class StageExercise:
             raise TypeError(f"{self.exercise}: {len(values)} {name} for {len(world_sizes)} world sizes")
         return {n: self.setting.read(value) for n, value in zip(world_sizes, values, strict=True)}
 
-    def configured(self, stage: type[ZeroStage], setting: Any) -> type[ZeroStage]:
-        return stage if self.setting is None else self.setting.configure(stage, setting)
+    def configured(self, stage: GradedStage, setting: Any) -> GradedStage:
+        """`stage` with the setting of a run (the graded stage's `per_rank` reads it)."""
+        return stage.with_setting(setting)
 
     def label(self, world_size: int, setting: Any) -> str:
         return f"{world_size} ranks" + (f" ({self.setting.describe(setting)})" if self.setting else "")
@@ -182,7 +182,7 @@ class StageExercise:
             observation["kernel"] = {"failure": str(failure)}
         return observation
 
-    def sized_run(self, stage: type[ZeroStage], functions: dict | None) -> Run:
+    def sized_run(self, stage: GradedStage, functions: dict | None) -> Run:
         """`stage` trained on the sized model (`kernel_memory.SIZED_CONFIG`), with its setting for that N."""
         n = kernel_memory.SIZED_WORLD_SIZE
         setting = None if self.setting is None else self.setting.sized or self.setting.default(n)
@@ -215,7 +215,7 @@ class StageExercise:
         release's record (`autograder.recorded`)."""
 
         def make() -> Run:
-            return train(self.configured(graded_stage(self.reference_stage, self.exercise), setting), n, config=config)
+            return train(self.configured(self.reference_stage, setting), n, config=config)
 
         decode = lambda data: run_from_data(data, n, STEPS, layer_partitions(n))  # noqa: E731
         return recorded.outcome("run", key, make, run_to_data, decode)
@@ -234,9 +234,9 @@ class StageExercise:
         }
 
     @property
-    def reference_stage(self) -> type[ZeroStage]:
-        stage: type[ZeroStage] = named_object(self.reference)
-        return stage
+    def reference_stage(self) -> GradedStage:
+        """The reference stage as the grader builds it: "module:Class" of a stage, or of an exercise's `GradedStage`."""
+        return graded_stage(named_object(self.reference), self.exercise)
 
     def sizes(self, world_sizes: list[int], **given: Any) -> str:
         """The world sizes as a message names them: "2, 3 ranks", or with a setting "2 ranks (B = 12,288 bytes),

@@ -48,7 +48,7 @@ def timed_grade(notebook: Path, walled: bool) -> tuple[float, str]:
 
 def kernel_memory_costs(assignments: list[str]) -> None:
     """Seconds of the sized run and of the reference child, and the kernel's figure, per stage exercise."""
-    from autograder import harness, kernel_memory
+    from autograder import kernel_memory
     from autograder.submission import exercise_module
 
     print(f"\nthe kernel's count of memory: a {kernel_memory.parameter_count() / 1e6:.1f}M-parameter model on "
@@ -59,7 +59,7 @@ def kernel_memory_costs(assignments: list[str]) -> None:
         if exercise is None:
             continue
         started = time.perf_counter()
-        exercise.sized_run(harness.graded_stage(exercise.reference_stage, assignment), None)
+        exercise.sized_run(exercise.reference_stage, None)
         sized = time.perf_counter() - started
         started = time.perf_counter()
         figures = kernel_memory.reference_figures.__wrapped__(assignment)

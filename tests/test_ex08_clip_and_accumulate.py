@@ -19,13 +19,12 @@ pytestmark = pytest.mark.ex08
 MICRO = TrainConfig(model=preset("micro"), precision="fp32")
 
 
-def train(stage: type, world_size: int, steps: int = STEPS, **attributes) -> tuple[list, VirtualCluster]:
-    """(per rank: losses, master shards, grad norms) and the cluster, for `stage` with `attributes` set."""
-    stage = type(f"Configured{stage.__name__}", (stage,), attributes)
+def train(stage: type, world_size: int, steps: int = STEPS, **options) -> tuple[list, VirtualCluster]:
+    """(per rank: losses, master shards, grad norms) and the cluster, for `stage` constructed with `options`."""
     cluster = VirtualCluster(world_size)
 
     def on_rank() -> tuple:
-        trainer = stage(MICRO)
+        trainer = stage(MICRO, **options)
         losses = [trainer.train_step(step) for step in range(steps)]
         return losses, trainer.master_shards(), getattr(trainer, "grad_norms", [])
 

@@ -17,7 +17,7 @@ from zero_core.variants.nodes import this_ranks_groups
 
 pytestmark = pytest.mark.ex09
 
-REFERENCE = graded_stage(ex09.GradedHierarchicalZero3, ex09.ASSIGNMENT)
+REFERENCE = ex09.GRADED
 
 
 def _gather_on_rank(world_size: int, gpus_per_node: int, chunk: int) -> bool:

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import struct
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -147,11 +149,44 @@ NORMAL_USER = 1000
 """The uid a root test runner becomes to try the walls as an instructor without privileges would."""
 
 
+def closed_to_others(root: Path, remade: list[Path]) -> Path | None:
+    """The first folder on the way to `root` (or `root` itself) that other users may not enter, or None. Folders
+    under `remade` do not count: the view below makes them anew, 0755, up to `root`, which it binds as it is."""
+    for folder in [*reversed(root.parents), root]:
+        if any(folder.is_relative_to(top) and folder != root for top in remade):
+            continue
+        needed = 0o005 if folder == root else 0o001
+        if folder.stat().st_mode & needed != needed:
+            return folder
+    return None
+
+
+def test_a_checkout_closed_to_others_is_named_with_its_fix() -> None:
+    base = Path(tempfile.mkdtemp())  # not under tmp_path: pytest keeps that 0700, closed to others itself
+    try:
+        base.chmod(0o755)
+        course = base / "private" / "course"
+        course.mkdir(parents=True)
+        (base / "private").chmod(0o700)
+        assert closed_to_others(course, []) == base / "private"
+        assert closed_to_others(course, [base]) is None  # remade 0755 by the view
+        course.chmod(0o700)
+        assert closed_to_others(course, [base]) == course
+    finally:
+        shutil.rmtree(base)
+
+
 def as_a_normal_user(command: list[str]) -> list[str]:
     """`command` run as uid `NORMAL_USER`, with no capabilities, on this machine's files: a first bubblewrap
     (root) shows the disk as it is, with `/tmp` fresh and root's home (mode 0700, where this machine keeps
     Python) replaced by a folder holding only the runtime and the course."""
     hidden = [Path("/root"), Path("/tmp")]
+    closed = closed_to_others(ROOT, hidden)
+    if closed is not None:
+        pytest.fail(
+            f"{closed} is mode {closed.stat().st_mode & 0o777:o}: a grader who is a normal user cannot reach the "
+            f"course there. Run `chmod o+rx {closed}`, or clone the course into a folder others may enter."
+        )
     view = [str(WALLS.bwrap), "--dev-bind", "/", "/", "--die-with-parent", "--perms", "0755", "--tmpfs", "/root",
             "--perms", "1777", "--tmpfs", "/tmp"]
     made: set[Path] = set()

@@ -94,6 +94,14 @@ class LayerShard:
         self.param_tag = layer_tag("param", layer.name)
         self.in_flight = in_flight
 
+    def owned_grad(self) -> torch.Tensor:
+        """The averaged gradient of the elements this rank updates: its shard without the padding."""
+        return self.grad[: self.partition.owned_numel(self.rank)]
+
+    def owned_param(self) -> torch.Tensor:
+        """Under ZeRO-3, the parameters of the elements this rank updates: its shard without the padding."""
+        return self.param[: self.partition.owned_numel(self.rank)]
+
     def reduce_scatter_gradients(self, grads: list[torch.Tensor]) -> None:
         """Start averaging this layer's local gradients over the ranks into this rank's shard, `grad`.
 

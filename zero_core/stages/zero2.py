@@ -11,6 +11,10 @@ so the grader can train ZeRO-2 without it.
 
 On the wire it is ZeRO-1 exactly: a reduce-scatter of every gradient, an all-gather of every updated
 parameter, 2Ψ per step. What changes is *when* the gradient is reduced, and so what stays resident.
+
+`Zero2` derives from `ZeroStage` itself, not from `Zero1`: it keeps its parameters as ZeRO-1 does and
+publishes them with ZeRO-1's all-gather, and writes both out here rather than inherit them, so that the
+stage reads top to bottom and every stage sits one class below the scaffolding.
 """
 
 from __future__ import annotations
@@ -21,11 +25,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from zero_core import memory, registry
+from zero_core import dist, memory, registry
 from zero_core.partition import unflatten
-from zero_core.stages.base import Layer
+from zero_core.stages.base import ZeroStage, layer_tag
 from zero_core.stages.sharding import FunctionLayer, InFlightReduceScatter, LayerShard, swap_module
-from zero_core.stages.zero1 import Zero1
 
 
 class ReduceScatterEmbedding(torch.autograd.Function):
@@ -66,7 +69,7 @@ class ReduceScatterLayerNorm(torch.autograd.Function):
         return grad_x, None, None, None, None
 
 
-class Zero2(Zero1):
+class Zero2(ZeroStage):
     stage = 2
     label = "ZeRO-2"
     partitioned = "+ gradients"
@@ -99,10 +102,16 @@ class Zero2(Zero1):
         self.in_flight.wait()
 
     def owned_gradients(self) -> list[torch.Tensor]:
-        return [self.owned_grad(layer) for layer in self.layers]
+        return [shard.owned_grad() for shard in self.shards.values()]
 
-    def owned_grad(self, layer: Layer) -> torch.Tensor:
-        return self.shards[layer.name].grad[: layer.partition.owned_numel(self.rank)]
+    def owned_parameters(self) -> list[torch.Tensor]:
+        return [self.owned_slice(self.params[layer.name], layer) for layer in self.layers]
+
+    def publish_parameters(self) -> None:
+        """ZeRO-1's all-gather: every rank's updated chunk of each layer's parameters to every rank."""
+        for layer in self.layers:
+            flat_param = self.params[layer.name]
+            dist.all_gather_single(flat_param, self.chunk(flat_param, layer), tag=layer_tag("param", layer.name))
 
     def zero_gradients(self) -> None:
         torch._foreach_zero_([shard.grad for shard in self.shards.values()])

@@ -12,6 +12,9 @@ runs them, so the grader can train ZeRO-3 without them.
 
 On the wire: an all-gather in forward, one in backward, a reduce-scatter: 3Ψ per step, 1.5x data
 parallelism (ZeRO §7.2.2), in three times as many collectives as layers.
+
+`Zero3` derives from `ZeroStage`, not from `Zero2`: the few lines it shares with ZeRO-2 (the in-flight
+reduce-scatter, the gradient shards) are written out here, so the stage reads top to bottom.
 """
 
 from __future__ import annotations
@@ -22,8 +25,8 @@ import torch
 import torch.nn as nn
 
 from zero_core import memory, registry
+from zero_core.stages.base import ZeroStage
 from zero_core.stages.sharding import FunctionLayer, InFlightReduceScatter, LayerShard, swap_module
-from zero_core.stages.zero2 import Zero2
 
 
 class GatherLayerNorm(torch.autograd.Function):
@@ -50,7 +53,7 @@ class GatherLayerNorm(torch.autograd.Function):
         return grad_x, None, None, None
 
 
-class Zero3(Zero2):
+class Zero3(ZeroStage):
     stage = 3
     label = "ZeRO-3"
     partitioned = "+ parameters"
@@ -60,6 +63,11 @@ class Zero3(Zero2):
         nn.Embedding: registry.answer("ex04", "GatherEmbedding"),
         nn.LayerNorm: GatherLayerNorm,
     }
+
+    overlap_reduce_scatter = True
+    """Let each layer's gradient reduce-scatter run on while backward goes on (see `InFlightReduceScatter`)."""
+    shard_class: type[LayerShard] = LayerShard
+    """What holds a rank's part of each layer; a variant stage (prefetching, hpZ, ...) swaps in a subclass."""
 
     def setup(self, model: nn.Module, initial: Mapping[str, torch.Tensor]) -> None:
         self.shards: dict[str, LayerShard] = {}
@@ -76,8 +84,18 @@ class Zero3(Zero2):
             swap_module(model, layer.name, FunctionLayer(function, [shard.param], shard, *layer.extra))
             self.shards[layer.name] = shard
 
+    def sync_gradients(self) -> None:
+        """Only the wait for the last layer's reduce-scatter: backward started every layer's."""
+        self.in_flight.wait()
+
+    def owned_gradients(self) -> list[torch.Tensor]:
+        return [shard.owned_grad() for shard in self.shards.values()]
+
     def owned_parameters(self) -> list[torch.Tensor]:
-        return [self.shards[layer.name].param[: layer.partition.owned_numel(self.rank)] for layer in self.layers]
+        return [shard.owned_param() for shard in self.shards.values()]
 
     def publish_parameters(self) -> None:
         """Nothing to publish: the next forward gathers each layer when it needs it."""
+
+    def zero_gradients(self) -> None:
+        torch._foreach_zero_([shard.grad for shard in self.shards.values()])

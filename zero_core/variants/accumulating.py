@@ -30,7 +30,7 @@ import torch.nn as nn
 from zero_core import memory, registry, schedule
 from zero_core.context import current, phase
 from zero_core.model import loss_fn, micro_batch
-from zero_core.stages.base import _unmeasured
+from zero_core.stages.base import TrainConfig, _unmeasured
 from zero_core.stages.sharding import LayerShard
 from zero_core.stages.zero2 import Zero2
 
@@ -51,7 +51,7 @@ class AccumulatingLayerShard(LayerShard):
 
     accumulate: Callable[[Any, list[torch.Tensor]], None]
     handed: Any = None
-    """What `accumulate` is given as the shard (`AccumulatingZero2.handed_shard`)."""
+    """What `accumulate` is given as the shard (the shard itself, unless the stage was given a `hand`)."""
     micro_step: int = 0
     micro_steps: int = 1
 
@@ -61,27 +61,41 @@ class AccumulatingLayerShard(LayerShard):
 
 
 class AccumulatingZero2(Zero2):
-    """ZeRO-2 with `micro_steps` micro-batches per optimizer step, then clipping to `max_norm`, then Adam."""
+    """ZeRO-2 with `micro_steps` micro-batches per optimizer step, then clipping to `max_norm`, then Adam.
+
+    `max_norm=None`: no clipping (and no norm all-reduce). `accumulate` and `clip` replace exercise ex08's
+    two answers (a student's), and `hand(shard)` says what `accumulate` is given as each layer's shard.
+    """
 
     ACCUMULATE: Callable | registry.Answer = registry.answer("ex08", "accumulate_gradient")
     CLIP: Callable | registry.Answer = registry.answer("ex08", "clip_global_norm")
-    micro_steps: int = 2
-    max_norm: float | None = 1.0
-    """None: no clipping (and no norm all-reduce)."""
     shard_class = AccumulatingLayerShard
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        functions: dict[type[nn.Module], type[torch.autograd.Function]] | None = None,
+        *,
+        micro_steps: int = 2,
+        max_norm: float | None = 1.0,
+        accumulate: Callable | None = None,
+        clip: Callable | None = None,
+        hand: Callable[[LayerShard], Any] | None = None,
+    ) -> None:
+        if micro_steps < 1:
+            raise ValueError(f"micro_steps counts micro-batches per optimizer step, 1 or more; got {micro_steps}")
+        self.micro_steps, self.max_norm = micro_steps, max_norm
+        self.accumulate = accumulate or registry.resolve(type(self).ACCUMULATE)
+        self.clip = clip or registry.resolve(type(self).CLIP)
+        self.hand = hand or (lambda shard: shard)
+        super().__init__(config, functions)
 
     def setup(self, model: nn.Module, initial: Mapping[str, torch.Tensor]) -> None:
         super().setup(model, initial)
-        accumulate = registry.resolve(type(self).ACCUMULATE)
         for shard in self.shards.values():
-            shard.accumulate, shard.handed, shard.micro_steps = accumulate, self.handed_shard(shard), self.micro_steps
-        self.clip = registry.resolve(type(self).CLIP)
+            shard.accumulate, shard.handed, shard.micro_steps = self.accumulate, self.hand(shard), self.micro_steps
         self.grad_norms: list[float] = []
         """The global gradient norm before clipping, per optimizer step (as `clip_global_norm` returned it)."""
-
-    def handed_shard(self, shard: LayerShard) -> Any:
-        """The shard as `accumulate` sees it: itself (the grader hands a student's function a guarded view)."""
-        return shard
 
     def train_step(
         self,

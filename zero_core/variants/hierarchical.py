@@ -87,12 +87,14 @@ class HierarchicalZero3(Zero3):
         functions: dict[type[nn.Module], type[torch.autograd.Function]] | None = None,
         *,
         gpus_per_node: int | None = None,
+        all_gather: Callable[..., Any] | None = None,
     ) -> None:
+        """`all_gather` replaces exercise ex09's answer (a student's two-level gather)."""
         self.gpus_per_node, self.node_group, self.cross_group = this_ranks_groups(gpus_per_node)
+        self.all_gather = all_gather or registry.resolve(type(self).ALL_GATHER)
         super().__init__(config, functions)
 
     def setup(self, model: nn.Module, initial: Mapping[str, torch.Tensor]) -> None:
         super().setup(model, initial)
-        all_gather = registry.resolve(type(self).ALL_GATHER)
         for shard in self.shards.values():
-            shard.all_gather, shard.node_group, shard.cross_group = all_gather, self.node_group, self.cross_group
+            shard.all_gather, shard.node_group, shard.cross_group = self.all_gather, self.node_group, self.cross_group

@@ -135,9 +135,3 @@ class HybridZero3(Zero3):
             function = self.functions[layer.kind]
             swap_module(model, layer.name, FunctionLayer(function, [shard.param], shard, *layer.extra))
             self.shards[layer.name] = shard
-
-    def owned_parameters(self) -> list[torch.Tensor]:
-        return [self.shards[layer.name].param[: layer.partition.owned_numel(self.shard_rank)] for layer in self.layers]
-
-    def owned_grad(self, layer: Layer) -> torch.Tensor:
-        return self.shards[layer.name].grad[: layer.partition.owned_numel(self.shard_rank)]

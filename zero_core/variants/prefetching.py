@@ -16,7 +16,7 @@ recompute forward inside backward, an order no fixed window follows, so this sta
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -24,6 +24,7 @@ import torch.nn as nn
 
 from zero_core import registry, schedule
 from zero_core.context import current
+from zero_core.stages.base import TrainConfig
 from zero_core.stages.sharding import LayerShard
 from zero_core.stages.zero3 import Zero3
 
@@ -34,7 +35,7 @@ class PrefetchingLayerShard(LayerShard):
     prefetcher: Any = None
     """The rank's `Prefetcher` (set by the stage)."""
     handed: Any = None
-    """What the prefetcher knows this shard as (`PrefetchingZero3.handed_shard`)."""
+    """What the prefetcher knows this shard as (the shard itself, unless the stage was given a `hand`)."""
 
     def gather_parameters(self) -> list[torch.Tensor]:
         schedule.mark(schedule.NEEDS_PARAMETERS, self.name)
@@ -45,34 +46,42 @@ class PrefetchingLayerShard(LayerShard):
 
 
 class PrefetchingZero3(Zero3):
-    """ZeRO-3 whose layers' parameters are all-gathered up to `window` layers before they are needed."""
+    """ZeRO-3 whose layers' parameters are all-gathered up to `window` layers before they are needed.
+
+    `window` is k, how many layers ahead of the one computing the gathers run (0: on demand, as `Zero3`).
+    `prefetcher` replaces the class of the rank's prefetcher (a student's `Prefetcher`; default: exercise
+    ex07's answer), and `hand(shard)` says what it is given as each layer's shard (default: the shard).
+    """
 
     PREFETCHER: type | registry.Answer = registry.answer("ex07", "Prefetcher")
-    window: int = 1
-    """k: how many layers ahead of the one computing the gathers run (0: on demand, as `Zero3`)."""
     shard_class = PrefetchingLayerShard
 
-    def setup(self, model: nn.Module, initial: Mapping[str, torch.Tensor]) -> None:
-        if self.config.model.activation_checkpointing:
+    def __init__(
+        self,
+        config: TrainConfig,
+        functions: dict[type[nn.Module], type[torch.autograd.Function]] | None = None,
+        *,
+        window: int = 1,
+        prefetcher: type | None = None,
+        hand: Callable[[LayerShard], Any] | None = None,
+    ) -> None:
+        if window < 0:
+            raise ValueError(f"a prefetch window is a number of layers, 0 or more; got {window}")
+        if config.model.activation_checkpointing:
             raise ValueError(
                 "PrefetchingZero3 prefetches in forward order, then in reverse: activation checkpointing "
                 "recomputes forward inside backward, an order no window follows. Train without it."
             )
+        self.window = window
+        self.prefetcher_class = prefetcher or registry.resolve(type(self).PREFETCHER)
+        self.hand = hand or (lambda shard: shard)
+        super().__init__(config, functions)
+
+    def setup(self, model: nn.Module, initial: Mapping[str, torch.Tensor]) -> None:
         super().setup(model, initial)
         forward_order = [self.shards[layer.name] for layer in self.layers]
         for shard in forward_order:
-            shard.handed = self.handed_shard(shard)
-        self.prefetcher = registry.resolve(self.PREFETCHER)([shard.handed for shard in forward_order], self.window)
+            shard.handed = self.hand(shard)
+        self.prefetcher = self.prefetcher_class([shard.handed for shard in forward_order], self.window)
         for shard in forward_order:
             shard.prefetcher = self.prefetcher
-
-    def handed_shard(self, shard: LayerShard) -> Any:
-        """The shard as the prefetcher sees it: itself (the grader hands a student's class a guarded view)."""
-        return shard
-
-    @classmethod
-    def with_window(cls, window: int) -> type[PrefetchingZero3]:
-        """This stage with a prefetch window of `window` layers."""
-        if window < 0:
-            raise ValueError(f"a prefetch window is a number of layers, 0 or more; got {window}")
-        return type(f"{cls.__name__}Window{window}", (cls,), {"window": window})

@@ -27,9 +27,9 @@ from collections.abc import Mapping
 import torch
 import torch.nn as nn
 
-from zero_core import dist
 from zero_core.stages.base import TrainConfig
-from zero_core.variants.hpz import HpzZero3, SecondaryShard
+from zero_core.stages.zero3 import Zero3
+from zero_core.variants.hpz import SecondaryShard
 from zero_core.variants.nodes import this_ranks_groups
 from zero_core.variants.qgz import QgzZero3, use_quantized_gradients
 from zero_core.variants.qwz import QuantizedGatherShard, quantized_all_gather
@@ -55,8 +55,11 @@ class QuantizedSecondaryShard(SecondaryShard, QuantizedGatherShard):
         return self.node_gathered_views
 
 
-class ZeroppZero3(HpzZero3):
-    """ZeRO-3 + hpZ + qwZ + qgZ in nodes of `gpus_per_node` ranks."""
+class ZeroppZero3(Zero3):
+    """ZeRO-3 + hpZ + qwZ + qgZ in nodes of `gpus_per_node` ranks.
+
+    It derives from `Zero3`, as hpZ, qwZ and qgZ each do, and composes them: hpZ's and qwZ's shard
+    (`QuantizedSecondaryShard`) and qgZ's reduce-scatter (`use_quantized_gradients`)."""
 
     stage = "zeropp"
     label = "ZeRO++"
@@ -71,9 +74,11 @@ class ZeroppZero3(HpzZero3):
         *,
         gpus_per_node: int | None = None,
     ) -> None:
-        self.replica_group: dist.ProcessGroup = this_ranks_groups(gpus_per_node)[2]
-        super().__init__(config, functions, gpus_per_node=gpus_per_node)
+        self.gpus_per_node, self.node_group, self.replica_group = this_ranks_groups(gpus_per_node)
+        super().__init__(config, functions)
 
     def setup(self, model: nn.Module, initial: Mapping[str, torch.Tensor]) -> None:
         super().setup(model, initial)
+        for shard in self.shards.values():
+            shard.attach_node(self.node_group)
         use_quantized_gradients(self, self.node_group, self.replica_group, QgzZero3.reduce_scatter_class)
