@@ -298,11 +298,19 @@ class LinkedStageExercise(StageExercise):
             links = links_from_data(entry["links"], run)
             check_own_collectives(run, self.reference_tags(), self.exercise)
             g = settings[n]
-            key = (self.exercise, "reference", n, config.precision, g)
-            make = functools.partial(self.linked_reference_run, key, n, g, config)
-            reference = run_once(key, (), make, f"reference on {n}")
+            reference = self.linked_reference(n, g, config)
             require_course_records(run, reference[0])
             yield self.label(n, g), (run, links), reference, g
+
+    def linked_reference(self, n: int, g: int, config: TrainConfig) -> tuple[Run, Links]:
+        """The reference run on `n` ranks in nodes of `g`, with its links, made once per process (`run_once`)."""
+        key = (self.exercise, "reference", n, config.precision, g)
+        make = functools.partial(self.linked_reference_run, key, n, g, config)
+        return run_once(key, (), make, f"reference on {n}")
+
+    def reference_for(self, n: int, setting: Any, config: TrainConfig) -> Run:
+        """The reference run (`prepare` makes it): its links are made and kept with it."""
+        return self.linked_reference(n, setting, config)[0]
 
     def linked_reference_run(self, key: Any, n: int, g: int, config: TrainConfig) -> tuple[Run, Links]:
         """The reference trained on `n` ranks in nodes of `g`, with its links: made here, or read from a

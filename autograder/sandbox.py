@@ -32,6 +32,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -177,7 +178,10 @@ def grade_notebook(
             hidden = (*protected, *answers, secret_path())
             env[child_guard.PROTECTED_VARIABLE] = os.pathsep.join(str(p.resolve()) for p in hidden)
         passed = tuple(fd for fd in (witness_fd, seccomp_fd) if fd >= 0)
+        preparing = threading.Thread(target=prepare_judges, args=(exercise, checks), name="prepare-judges")
+        preparing.start()
         run = run_child(command, env, limits.time_s, (results_read, results_write), passed)
+        preparing.join()
         if witness is not None:
             witness.join(timeout=WITNESS_JOIN_S)
             witness.measure(run.peak_since)
@@ -185,6 +189,20 @@ def grade_notebook(
     missing = _missing_message(run, limits)
     cell_errors = observed.pop(CELL_ERRORS, Observed(observation=[])).observation
     return [judge_observed(check, observed.get(check.name), missing, cell_errors, witness) for check in checks]
+
+
+def prepare_judges(exercise: ModuleType, checks: tuple[Check, ...]) -> None:
+    """While the child runs the student's code, make what the judges read that does not depend on it (an
+    exercise's `prepare`: reference runs, the oracle's, the kernel's reference figures): the parent otherwise
+    waits idle for the child, then makes them one after another. Only the course's code runs here."""
+    prepare = getattr(getattr(exercise, "EXERCISE", None), "prepare", None)
+    if prepare is None:
+        return
+    for check in checks:
+        try:
+            prepare(check)
+        except Exception:  # the judge that needs it makes it again, and reports the failure
+            continue
 
 
 def start_witness(exercise: ModuleType) -> tuple[Witness | None, int]:

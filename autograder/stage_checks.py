@@ -204,11 +204,30 @@ class StageExercise:
         for n, entry in observed_entries(observation, world_sizes, {"run"}):
             run = run_from_data(entry["run"], n, STEPS, layer_partitions(n))
             check_own_collectives(run, self.reference_tags(), self.exercise)
-            key = (self.exercise, "reference", n, config.precision, settings[n])
-            make = functools.partial(self.reference_run, key, n, settings[n], config)
-            reference = run_once(key, (), make, f"reference on {n} ranks")
+            reference = self.reference_for(n, settings[n], config)
             require_course_records(run, reference)
             yield GradedRun(self.label(n, settings[n]), run, reference, settings[n])
+
+    def reference_for(self, n: int, setting: Any, config: TrainConfig) -> Run:
+        """The reference run on `n` ranks, made once per process (`run_once`); CheckFailed if it failed."""
+        key = (self.exercise, "reference", n, config.precision, setting)
+        make = functools.partial(self.reference_run, key, n, setting, config)
+        return run_once(key, (), make, f"reference on {n} ranks")
+
+    def prepare(self, check: Check) -> None:
+        """Make what judging `check` will read that does not depend on the student: its reference runs, the
+        oracle's for a training check, the kernel's reference figures for a memory check. The grading parent
+        calls it while the child runs the student's code (`sandbox.grade_notebook`); each is kept once made,
+        so the judges then read it instead of making it. A failure raises here and again when a judge asks."""
+        given = dict(check.kwargs)
+        world_sizes = given.pop("world_sizes")
+        training = getattr(check.function, "observe", None) == self.observe_training
+        for n, setting in self.settings(world_sizes, given).items():
+            self.reference_for(n, setting, TRAINING_CONFIG if training else CONFIG)
+            if training:
+                oracle_run(n)
+        if getattr(check.function, "measured_by_the_kernel", False) and not recorded.replaying():
+            kernel_memory.reference_figures(self.exercise)
 
     def reference_run(self, key: Hashable, n: int, setting: Any, config: TrainConfig) -> Run:
         """The reference stage trained on `n` ranks with `setting`: made here, or read from a student

@@ -1,5 +1,8 @@
 """The test session grades with one fixed instructor's secret, so that the hidden checks' parameters, drawn
-from it (`autograder.checks.drawn`), are the same in every run and in every process the tests start."""
+from it (`autograder.checks.drawn`), are the same in every run and in every process the tests start.
+
+`make test` runs the tests in parallel workers (pytest-xdist, `-n`), scheduled by `tests/work_units.py`.
+"""
 
 from __future__ import annotations
 
@@ -26,3 +29,12 @@ def fixed_grading_secret(tmp_path_factory: pytest.TempPathFactory) -> Iterator[P
         os.environ.pop(SECRET_FILE_VARIABLE, None)
     else:
         os.environ[SECRET_FILE_VARIABLE] = previous
+
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """Under `make test`'s workers: xdist's scheduling by scope, the scope being `tests.work_units.work_unit`."""
+    from tests.work_units import WorkUnitScheduling
+
+    return WorkUnitScheduling(config, log)

@@ -21,6 +21,7 @@ import logging
 import os
 import shutil
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import nbformat
@@ -85,7 +86,9 @@ STUDENTS = (
     "alice", "bob", "carol", "mallory", "oscar", "peggy", "trent", "ursula", "victor", "walter", "xavier", "yvonne",
     "zach",
 )
-PER_ASSIGNMENT = [pytest.param(a, marks=getattr(pytest.mark, a[:4])) for a in ASSIGNMENTS]
+PER_ASSIGNMENT = {a: pytest.param(a, marks=getattr(pytest.mark, a[:4])) for a in ASSIGNMENTS}
+EACH_ASSIGNMENT = pytest.mark.parametrize("assignment", list(PER_ASSIGNMENT.values()), scope="module")
+"""Every test runs once per assignment, on that assignment's course (`course`, graded once per assignment)."""
 pytestmark = pytest.mark.filterwarnings("ignore::sqlalchemy.exc.SAWarning")  # nbgrader's own session noise
 
 
@@ -118,12 +121,12 @@ def submission(release: Path, solution: Path, replace: dict[str, str]) -> nbform
 
 
 @pytest.fixture(scope="module")
-def course(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A temporary course, graded by nbgrader's API with the repository's nbgrader_config.py."""
-    course = tmp_path_factory.mktemp("course")
-    shutil.copytree(ROOT / "solutions", course / "solutions", ignore=lambda d, names: [
-        n for n in names if d.endswith("solutions") and n not in ASSIGNMENTS
-    ])
+def course(tmp_path_factory: pytest.TempPathFactory, assignment: str) -> Iterator[Path]:
+    """A temporary course in which the class has handed `assignment` in, graded by nbgrader's API with the
+    repository's nbgrader_config.py. One course per assignment: the test workers grade them side by side
+    (tests/conftest.py keeps each assignment's tests in one worker, so each class is graded once)."""
+    course = tmp_path_factory.mktemp(f"course-{assignment[:4]}")
+    shutil.copytree(ROOT / "solutions" / assignment, course / "solutions" / assignment)
     config = PyFileConfigLoader("nbgrader_config.py", path=str(ROOT)).load_config()
     config.CourseDirectory.root = str(course)
     config.CourseDirectory.db_url = f"sqlite:///{course / 'gradebook.db'}"
@@ -132,39 +135,39 @@ def course(tmp_path_factory: pytest.TempPathFactory) -> Path:
         patch.setenv("PATH", os.pathsep.join([bin_dir, os.environ.get("PATH", "")]))
         patch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
         api = NbGraderAPI(config=config)
-        warnings = logging.getLogger("traitlets")
-        warnings.addHandler(_WARNINGS)
+        warnings, collected = logging.getLogger("traitlets"), _Collected()
+        warnings.addHandler(collected)
         with Gradebook(config.CourseDirectory.db_url) as gradebook:
             for student in STUDENTS:
                 gradebook.update_or_create_student(student)
-        for assignment in ASSIGNMENTS:
-            result = api.generate_assignment(assignment, force=True)
+        result = api.generate_assignment(assignment, force=True)
+        assert result["success"], result["log"]
+        release = course / "exercises" / assignment / f"{assignment}.ipynb"
+        solution = course / "solutions" / assignment / f"{assignment}.ipynb"
+        solutions = {
+            cell.metadata["nbgrader"]["grade_id"]: cell.source
+            for cell in nbformat.read(solution, as_version=4).cells
+            if is_solution_cell(cell)
+        }
+        notebooks = {"alice": submission(release, solution, solutions), "carol": submission(release, solution, {})}
+        for student, name in CLASS[assignment].items():
+            cell, source, _ = fixture_cell(name)
+            notebooks[student] = submission(release, solution, {**solutions, cell: source})
+        for student, notebook in notebooks.items():
+            path = course / "out" / "submitted" / student / assignment / f"{assignment}.ipynb"
+            path.parent.mkdir(parents=True)
+            nbformat.write(notebook, path)
+            result = api.autograde(assignment, student)
             assert result["success"], result["log"]
-            release = course / "exercises" / assignment / f"{assignment}.ipynb"
-            solution = course / "solutions" / assignment / f"{assignment}.ipynb"
-            solutions = {
-                cell.metadata["nbgrader"]["grade_id"]: cell.source
-                for cell in nbformat.read(solution, as_version=4).cells
-                if is_solution_cell(cell)
-            }
-            notebooks = {"alice": submission(release, solution, solutions), "carol": submission(release, solution, {})}
-            for student, name in CLASS[assignment].items():
-                cell, source, _ = fixture_cell(name)
-                notebooks[student] = submission(release, solution, {**solutions, cell: source})
-            for student, notebook in notebooks.items():
-                path = course / "out" / "submitted" / student / assignment / f"{assignment}.ipynb"
-                path.parent.mkdir(parents=True)
-                nbformat.write(notebook, path)
-                result = api.autograde(assignment, student)
-                assert result["success"], result["log"]
-                result = api.generate_feedback(assignment, student)
-                assert result["success"], result["log"]
-        warnings.removeHandler(_WARNINGS)
+            result = api.generate_feedback(assignment, student)
+            assert result["success"], result["log"]
+        warnings.removeHandler(collected)
+        WARNINGS[assignment] = collected.messages
         yield course
 
 
 class _Collected(logging.Handler):
-    """The warnings nbgrader logs while the fixture grades the class."""
+    """The warnings nbgrader logs while `course` grades the class."""
 
     def __init__(self) -> None:
         super().__init__(logging.WARNING)
@@ -174,20 +177,22 @@ class _Collected(logging.Handler):
         self.messages.append(record.getMessage())
 
 
-_WARNINGS = _Collected()
+WARNINGS: dict[str, list[str]] = {}
+"""What nbgrader warned of while grading each assignment's class."""
 
 
-def test_nobody_who_left_the_locked_cells_alone_gets_a_checksum_warning(course: Path) -> None:
+@EACH_ASSIGNMENT
+def test_nobody_who_left_the_locked_cells_alone_gets_a_checksum_warning(course: Path, assignment: str) -> None:
     """Every fixture edits solution cells only, so nbgrader has nothing to report: its warning about test
     cells whose hidden tests the release stripped (jupyter/nbgrader#1961) is a false alarm."""
-    assert [m for m in _WARNINGS.messages if "has changed" in m] == []
+    assert [m for m in WARNINGS[assignment] if "has changed" in m] == []
 
 
 def expected_points(assignment: str, lost: set[str]) -> float:
     return sum(check.points for check in exercise_module(assignment).CHECKS if check.name not in lost)
 
 
-@pytest.mark.parametrize("assignment", PER_ASSIGNMENT)
+@EACH_ASSIGNMENT
 def test_autograde_gives_every_student_exactly_the_checks_their_notebook_earns(course: Path, assignment: str) -> None:
     """Check by check in the gradebook: what each fixture's header says it loses (the same checks
     tests/test_grading_integrity.py sees `check` and `grade` take), and the rest in full."""
@@ -201,7 +206,7 @@ def test_autograde_gives_every_student_exactly_the_checks_their_notebook_earns(c
             assert gradebook.find_submission(assignment, student).score == expected_points(assignment, lost)
 
 
-@pytest.mark.parametrize("assignment", PER_ASSIGNMENT)
+@EACH_ASSIGNMENT
 def test_the_gradebook_and_the_batch_grader_give_the_same_points(course: Path, assignment: str) -> None:
     with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gradebook:
         scores = {s: gradebook.find_submission(assignment, s).score for s in handed_in(assignment)}
@@ -214,7 +219,7 @@ def test_the_gradebook_and_the_batch_grader_give_the_same_points(course: Path, a
             )
 
 
-@pytest.mark.parametrize("assignment", PER_ASSIGNMENT)
+@EACH_ASSIGNMENT
 def test_a_correct_solution_writes_nothing_to_stderr(course: Path, assignment: str) -> None:
     graded = nbformat.read(course / "out" / "autograded" / "alice" / assignment / f"{assignment}.ipynb", 4)
     for cell in graded.cells:
@@ -223,18 +228,17 @@ def test_a_correct_solution_writes_nothing_to_stderr(course: Path, assignment: s
             assert bad == [], f"{cell.metadata.nbgrader.grade_id}: {bad}"
 
 
-@pytest.mark.parametrize("assignment", PER_ASSIGNMENT)
+@EACH_ASSIGNMENT
 def test_generate_feedback_writes_html_for_every_student(course: Path, assignment: str) -> None:
     for student in handed_in(assignment):
         html = course / "out" / "feedback" / student / assignment / f"{assignment}.html"
         assert html.exists() and "<html" in html.read_text()[:2000].lower()
 
 
-@pytest.mark.ex05
-def test_autograde_leaves_no_file_in_the_venv_and_no_solution_in_the_feedback(course: Path) -> None:
+@pytest.mark.parametrize("assignment", [PER_ASSIGNMENT["ex05_memory_planning"]], scope="module")
+def test_autograde_leaves_no_file_in_the_venv_and_no_solution_in_the_feedback(course: Path, assignment: str) -> None:
     """xavier's file in the grader's site-packages was never written, and yvonne's feedback carries none of
     the solution she read through torch: inside the walls neither the venv nor `solutions/` was hers."""
-    assignment = "ex05_memory_planning"
     planted = Path(with_paths("{SITE_PACKAGES}/zz_written_by_a_submission.pth"))
     written = planted.exists()
     planted.unlink(missing_ok=True)

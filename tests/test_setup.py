@@ -55,3 +55,13 @@ def test_ci_runs_the_readme_test_command() -> None:
     readme = (ROOT / "README.md").read_text()
     assert "make test" in ci
     assert "make test" in readme and "make demo" in readme
+
+
+def test_make_release_s_glob_matches_exactly_the_assignments() -> None:
+    """`make release` generates every assignment in one nbgrader call, by a glob: it must name the same ones."""
+    makefile = (ROOT / "Makefile").read_text()
+    listed = re.search(r"^ASSIGNMENTS := ((?:.*\\\n)*.*)$", makefile, flags=re.M).group(1).replace("\\\n", " ").split()
+    glob = re.search(r"^ASSIGNMENT_GLOB := (\S+)$", makefile, flags=re.M).group(1)
+    assert sorted(path.name for path in (ROOT / "solutions").glob(glob)) == sorted(listed) == sorted(
+        path.name for path in (ROOT / "solutions").iterdir() if path.is_dir()
+    )

@@ -1,0 +1,47 @@
+"""`make test`'s workers (pytest-xdist) run the tests that share a module-scoped fixture in one worker, so each
+such fixture is made once (tests/work_units.py): the list is complete, and a parallel run keeps it."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.work_units import PER_ASSIGNMENT_MODULES, SHARED_MODULE_FIXTURES, work_unit
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def modules_with_module_fixtures() -> set[str]:
+    return {
+        f"tests/{path.name}"
+        for path in (ROOT / "tests").glob("test_*.py")
+        if re.search(r"@pytest\.fixture\([^)]*scope=\"module\"", path.read_text())
+    }
+
+
+def test_every_module_with_a_module_fixture_is_kept_in_one_worker() -> None:
+    assert modules_with_module_fixtures() == SHARED_MODULE_FIXTURES | PER_ASSIGNMENT_MODULES
+
+
+def test_the_round_trip_shares_a_worker_per_assignment_and_other_tests_go_alone() -> None:
+    roundtrip = "tests/test_nbgrader_roundtrip.py"
+    ex03 = {work_unit(f"{roundtrip}::{test}[ex03_zero2_reduce_scatter_backward]") for test in ("test_a", "test_b")}
+    ex04 = work_unit(f"{roundtrip}::test_a[ex04_zero3_gather_linear]")
+    assert len(ex03) == 1 and ex04 not in ex03
+    assert work_unit("tests/test_trace.py::test_a") == work_unit("tests/test_trace.py::test_b[1]")
+    assert work_unit("tests/test_cluster.py::test_a") != work_unit("tests/test_cluster.py::test_b")
+
+
+def test_a_parallel_run_keeps_a_module_with_a_fixture_in_one_worker() -> None:
+    modules = ["tests/test_trace.py", "tests/test_offload.py"]
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "2", "-v", *modules],
+        cwd=ROOT, capture_output=True, text=True, timeout=240,
+    )
+    assert run.returncode == 0, run.stdout[-3000:]
+    workers: dict[str, set[str]] = {}
+    for worker, module in re.findall(r"\[(gw\d)\] \[ *\d+%\] PASSED (tests/\S+\.py)::", run.stdout):
+        workers.setdefault(module, set()).add(worker)
+    assert set(workers) == set(modules) and all(len(w) == 1 for w in workers.values()), workers
