@@ -35,7 +35,7 @@ def every_collective() -> dict[str, torch.Tensor]:
     out["all_reduce_avg"] = averaged
     shard = torch.empty(6, dtype=torch.bfloat16)
     work = dist.reduce_scatter_single(shard, values, async_op=True)
-    time.sleep(0.01)
+    time.sleep(0.05)  # the wait starts well after the issue, however loaded the machine
     work.wait()
     out["reduce_scatter"] = shard
     gathered = torch.empty(24 * WORLD_SIZE, dtype=torch.bfloat16)
@@ -93,7 +93,7 @@ def test_the_witness_records_each_ranks_collectives_in_order_with_its_own_times(
         times = [w.started_s for w in seen.ranks[rank]]
         assert times == sorted(times) and times[0] >= started
         (async_entry,) = [w for w in seen.ranks[rank] if not w.blocking]
-        assert async_entry.op == "reduce_scatter" and async_entry.wait_started_s - async_entry.started_s >= 0.009
+        assert async_entry.op == "reduce_scatter" and async_entry.wait_started_s - async_entry.started_s >= 0.02
 
 
 def reported(cluster: VirtualCluster, index: int = 0) -> dict:
