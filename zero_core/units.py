@@ -16,7 +16,7 @@ GiB = 2**30
 
 _COUNT_SCALES = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "T": 10**12}
 _BYTE_SCALES = {
-    "": 1, "B": 1,
+    "B": 1,
     "KB": 10**3, "kB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
     "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40,
 }
@@ -54,14 +54,32 @@ def parse_count(text: str | int) -> int:
     return int(count)
 
 
+def _no_unit(text: str | float, what: str, example: str) -> ValueError:
+    """The error for a size written without its unit: "40" could be bytes, GB or GiB, so it is none of them."""
+    return ValueError(f"{text!r} has no unit: write {what} with one, like {example} (a bare number is not read as bytes)")
+
+
 def parse_bytes(text: str | int) -> int:
-    """A memory size in bytes: "32GB" -> 32e9 (KB..TB decimal, as the paper), "16GiB" -> 16·2**30, "512"."""
+    """A memory size in bytes: "32GB" -> 32e9 (KB..TB decimal, as the paper), "16GiB" -> 16·2**30, "512B".
+
+    A string needs its unit ("0" aside): "40" could mean 40 bytes, 40 GB or 40 GiB, and reading it as bytes
+    would answer a different question without a word. A Python int is bytes.
+    """
     what, example = "a memory size", "32GB or 16GiB"
+    if isinstance(text, int):
+        return _check_bytes(Decimal(text), text, what, example)
     number, unit = _split(text, what, example)
-    scale = _BYTE_SCALES.get(unit)
+    if not unit and number != 0:
+        raise _no_unit(text, what, example)
+    scale = _BYTE_SCALES.get(unit or "B")
     if scale is None:
         raise ValueError(f"could not read {text!r} as {what}; write it like {example}")
-    size = number * scale
+    return _check_bytes(number * scale, text, what, example)
+
+
+def _check_bytes(size: Decimal, text: str | int, what: str, example: str) -> int:
+    if size < 0:
+        raise ValueError(f"{what} cannot be negative, got {text!r}; write it like {example}")
     if size != size.to_integral_value():
         raise ValueError(f"{text!r} is not a whole number of bytes; write it like {example}")
     return int(size)
@@ -71,10 +89,12 @@ def parse_bandwidth(text: str | float) -> float:
     """A link bandwidth in bytes per second: "50GB/s" -> 5e10, "100Gbit/s" or "100Gb/s" -> 1.25e10.
 
     Network links are sold in bits per second and GPU links in bytes per second; the case of the "b"
-    tells them apart, as in vendor data sheets. A bare number is already in bytes per second.
+    tells them apart, as in vendor data sheets. A bare number is an error: bits or bytes, and per what?
     """
     what, example = "a bandwidth", "50GB/s or 100Gbit/s"
     number, unit = _split(text, what, example)
+    if not unit:
+        raise _no_unit(text, what, example)
     if unit and not unit.endswith("/s"):
         raise ValueError(f"could not read {text!r} as {what} (no '/s'); write it like {example}")
     unit = unit.removesuffix("/s")
@@ -92,7 +112,7 @@ def parse_bandwidth(text: str | float) -> float:
 def format_bytes(n_bytes: float, unit: str = "GB", digits: int = 2) -> str:
     """120e9 -> "120.00 GB"; decimal GB by default to match the paper, "GiB" when asked (and so labelled)."""
     scale = _BYTE_SCALES.get(unit)
-    if scale is None or unit == "":
+    if scale is None:
         raise ValueError(f"unknown byte unit {unit!r}; use one of B, KB, MB, GB, TB, KiB, MiB, GiB, TiB")
     return f"{n_bytes / scale:.{digits}f} {unit}"
 

@@ -73,11 +73,14 @@ def parse_memory(text: str) -> int:
 
 
 def parse_seconds(text: str) -> float:
-    """A latency: "0", "5us", "5µs", "0.01ms", "1e-5" (seconds when no unit)."""
+    """A latency: "0", "5us", "5µs", "0.01ms", "1e-5s". Only 0 goes without a unit: "5" could be s or µs."""
     match = _SECONDS.match(text)
     if match is None:
         raise ValueError(f"could not read {text!r} as a latency; write it like 0, 5us or 0.01ms (not negative)")
-    return float(match.group(1)) * _SECONDS_SCALE[match.group(2)]
+    value = float(match.group(1))
+    if match.group(2) is None and value != 0:
+        raise ValueError(f"{text!r} has no unit: write a latency with one, like 5us or 0.01ms (only 0 needs none)")
+    return value * _SECONDS_SCALE[match.group(2)]
 
 
 def gpu_memory_argument(text: str) -> int:
