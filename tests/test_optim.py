@@ -101,4 +101,16 @@ def test_overflow_detects_inf_and_nan() -> None:
     assert has_overflow(torch.tensor([float("nan")]))
     assert not has_overflow(torch.tensor([65504.0], dtype=torch.float16))
     assert has_overflow(torch.tensor([float("inf"), float("-inf")], dtype=torch.bfloat16))
+    assert not has_overflow(torch.tensor([]))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_overflow_is_found_wherever_it_is(dtype: torch.dtype, bad: float) -> None:
+    """One bad element among many finite ones, first, in the middle or last, of either sign."""
+    for where in (0, 12_345, 99_999):
+        grad = torch.randn(100_000).to(dtype)
+        grad[where] = bad
+        assert has_overflow(grad), (where, grad[where])
+    assert not has_overflow(torch.randn(100_000).to(dtype))
 

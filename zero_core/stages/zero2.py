@@ -54,7 +54,7 @@ class ReduceScatterLayerNorm(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, shard: LayerShard, eps: float):
-        y, mean, rstd = torch.ops.aten.native_layer_norm(x, list(weight.shape), weight, bias, eps)
+        y, mean, rstd = torch.native_layer_norm(x, list(weight.shape), weight, bias, eps)
         ctx.save_for_backward(x, weight, bias, mean, rstd)
         ctx.shard = shard
         return y

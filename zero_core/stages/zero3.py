@@ -35,7 +35,7 @@ class GatherLayerNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, param_shard: torch.Tensor, shard: LayerShard, eps: float) -> torch.Tensor:
         weight, bias = shard.gather_parameters()
-        y, mean, rstd = torch.ops.aten.native_layer_norm(x, list(weight.shape), weight, bias, eps)
+        y, mean, rstd = torch.native_layer_norm(x, list(weight.shape), weight, bias, eps)
         shard.release_parameters()
         ctx.save_for_backward(x, mean, rstd)
         ctx.shard = shard
