@@ -34,10 +34,19 @@ def test_bench_step_prints_a_row_per_stage_and_n_the_targets_and_the_overhead_pe
     out = run_benchmark("bench_step.py", *sizes, "--preset", "micro", "--stages", "0,3")
     rows = [line.split()[0] for line in out.splitlines() if line.startswith("ZeRO-")]
     assert rows == ["ZeRO-0", "ZeRO-3"] * 2, out
-    assert "N = 2: worst" in out and "N = 3: worst" in out and "the code's own bound, CPU x" in out, out
+    assert "N = 2: worst" in out and "N = 3: worst" in out and "the code's own work, CPU x" in out, out
     fits = [line.split() for line in out.splitlines() if line.startswith("    ZeRO-")]
     assert [fit[0] for fit in fits] == ["ZeRO-0:", "ZeRO-3:"], out
     assert all(fit[2] == "MB" and fit[3][0] in "+-" and fit[4:7] == ["MB", "per", "rank"] for fit in fits), out
+
+
+def test_bench_collectives_prints_every_collective_beside_torchs_threaded_group_and_the_barrier_ratio() -> None:
+    out = run_benchmark("bench_collectives.py", "--world-sizes", "2", "--repeats", "1")
+    table = [line.split() for line in out.splitlines() if len(line.split()) == 6]
+    rows = [row for row in table if row[0] in ("all_reduce", "reduce_scatter", "all_gather", "barrier")]
+    assert [row[0] for row in rows] == ["all_reduce"] * 2 + ["reduce_scatter"] * 2 + ["all_gather"] * 2 + ["barrier"]
+    assert all(float(row[-3]) > 0 and float(row[-2]) > 0 and row[-1].endswith("x") for row in rows), out
+    assert "of 7 cells" in out and "ratio" in out and "target <= 3x" in out, out
 
 
 def test_bench_bound_prints_its_three_ratios_what_a_collective_costs_and_the_locks_bound() -> None:
