@@ -56,7 +56,9 @@ def parse_count(text: str | int) -> int:
 
 def _no_unit(text: str | float, what: str, example: str) -> ValueError:
     """The error for a size written without its unit: "40" could be bytes, GB or GiB, so it is none of them."""
-    return ValueError(f"{text!r} has no unit: write {what} with one, like {example} (a bare number is not read as bytes)")
+    return ValueError(
+        f"{text!r} has no unit: write {what} with one, like {example} (a bare number is not read as bytes)"
+    )
 
 
 def parse_bytes(text: str | int) -> int:
