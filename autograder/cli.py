@@ -7,16 +7,16 @@ notebook could not be graded (no such file, not a course notebook, not a noteboo
 
 grade: grades a class. DIR holds one folder per student, named by the student id, with the notebooks
 anywhere below it, found by file name (nbgrader's `submitted/<student>/<assignment>/<assignment>.ipynb`
-layout works as is). Every notebook is graded in its own child process with a time and a memory limit,
-so a notebook that loops, crashes or exits costs its own points and never stops the batch. `--jobs J`
-grades J students at a time (`autograder.batch`; default one per core), with the same results as one at a
-time. Writes `--out` (CSV: one row per student, points per assignment, total) atomically after every student, and
+layout works as is). Every notebook is graded in its own child process with a time and a memory limit, so a
+notebook that loops, crashes or exits costs its own points and never stops the batch. `--jobs J` grades J
+students at a time (`autograder.batch`; default one per core), with the same grades as one at a time. Writes
+`--out` (CSV: one row per student, points per assignment, total) atomically after every student, and
 `--feedback DIR/<student>.txt` (every check's message), each atomically. A rerun skips students whose
 notebooks have not changed since their row (a fingerprint of the notebooks' bytes, column `submitted`),
 unless `--force`; a run on another set of assignments grades everyone again; and it trusts only rows this
-grader wrote: every row carries an HMAC-SHA256 signature
-with a key kept beside the CSV (`.<name>.key`, mode 0600, out of every submission's reach), and a row
-whose signature does not verify (edited, forged, from an older grader) is graded again.
+grader wrote: every row carries an HMAC-SHA256 signature with a key kept beside the CSV (`.<name>.key`, mode
+0600, out of every submission's reach), and a row whose signature does not verify (edited, forged, from an
+older grader) is graded again.
 
 Walls: every child runs inside the operating system's walls (`autograder.walls`). `grade` refuses, in one
 line naming the fix, where they cannot be built, unless `--no-walls`, and then the CSV's `walls` column and
@@ -367,7 +367,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=jobs_count,
         default=cores,
         help=f"students graded at once, each notebook still in its own child with the same limits (default: one per "
-        f"core this process may use, {cores} here); the results are the same for any J",
+        f"core this process may use, {cores} here); the grades are the same for any J",
     )
     grade.add_argument(
         "--no-walls",

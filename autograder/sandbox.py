@@ -197,7 +197,7 @@ JUDGES_TAKE_TURNS = threading.Lock()
 once from threads of one parent, and the judges' reference runs share its caches (`harness.run_once`,
 `functools.cache`) and torch's thread count, which each run sets to 1 and restores; two at once could make
 the same reference twice, or change the count under the other. The children, where the time goes, still run
-side by side, and a reference is made once and then read from the cache."""
+side by side, and a reference made once is then read from the cache."""
 
 
 def prepare_judges(exercise: ModuleType, checks: tuple[Check, ...]) -> None:
