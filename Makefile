@@ -15,6 +15,9 @@ NBGRADER := PATH="$(abspath $(VENV))/bin:$$PATH" $(abspath $(VENV))/bin/python -
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
 # Bounds for one notebook in the batch grader: a correct one takes seconds, a looping one costs these.
 GRADE_LIMITS := --time-limit 120 --check-time-limit 30
+# Students the batch grader grades at once (`make grade JOBS=2`); empty: its default, one per core. The wall time
+# changes, not the grades: every notebook still has its own child and the bounds above.
+JOBS ?=
 
 comma := ,
 space := $(subst ,, )
@@ -124,7 +127,7 @@ feedback: $(STAMP)
 # assignments set so far: the CSV and the feedback then list those only.
 grade: $(STAMP)
 	$(PY) -I -m autograder grade out/submitted --out out/grades.csv --feedback out/autograder-feedback \
-		--assignments $(subst $(space),$(comma),$(strip $(ASSIGNMENTS))) $(GRADE_LIMITS)
+		--assignments $(subst $(space),$(comma),$(strip $(ASSIGNMENTS))) $(GRADE_LIMITS) $(if $(JOBS),--jobs $(JOBS))
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_collectives.py

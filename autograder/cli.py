@@ -7,15 +7,16 @@ notebook could not be graded (no such file, not a course notebook, not a noteboo
 
 grade: grades a class. DIR holds one folder per student, named by the student id, with the notebooks
 anywhere below it, found by file name (nbgrader's `submitted/<student>/<assignment>/<assignment>.ipynb`
-layout works as is). Every notebook is graded in its own child process with a time and a memory limit,
-so a notebook that loops, crashes or exits costs its own points and never stops the batch. Writes
+layout works as is). Every notebook is graded in its own child process with a time and a memory limit, so a
+notebook that loops, crashes or exits costs its own points and never stops the batch. `--jobs J` grades J
+students at a time (`autograder.batch`; default one per core), with the same grades as one at a time. Writes
 `--out` (CSV: one row per student, points per assignment, total) atomically after every student, and
 `--feedback DIR/<student>.txt` (every check's message), each atomically. A rerun skips students whose
 notebooks have not changed since their row (a fingerprint of the notebooks' bytes, column `submitted`),
 unless `--force`; a run on another set of assignments grades everyone again; and it trusts only rows this
-grader wrote: every row carries an HMAC-SHA256 signature
-with a key kept beside the CSV (`.<name>.key`, mode 0600, out of every submission's reach), and a row
-whose signature does not verify (edited, forged, from an older grader) is graded again.
+grader wrote: every row carries an HMAC-SHA256 signature with a key kept beside the CSV (`.<name>.key`, mode
+0600, out of every submission's reach), and a row whose signature does not verify (edited, forged, from an
+older grader) is graded again.
 
 Walls: every child runs inside the operating system's walls (`autograder.walls`). `grade` refuses, in one
 line naming the fix, where they cannot be built, unless `--no-walls`, and then the CSV's `walls` column and
@@ -37,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import hashlib
 import hmac
 import io
@@ -45,15 +47,14 @@ import os
 import secrets
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from tqdm import tqdm
-
 from autograder import recorded, walls
+from autograder.batch import Batch, Finished, progress_line
 from autograder.checks import CheckResult, format_points, grading_secret, print_results, results_text, total
 from autograder.sandbox import ROOT, Limits, grade_notebook
 from autograder.submission import EXERCISES, assignment_of, exercise_module, unreadable
+from zero_core.cluster import machine_cores
 
 MiB = 2**20
 
@@ -276,6 +277,18 @@ def grade_student(
     return graded
 
 
+def student_row(done: Finished, submitted: str, walled: bool, key: bytes, fieldnames: list[str]) -> dict:
+    """The CSV row of a student graded: points per assignment, total, seconds, walls, fingerprint, signature."""
+    row = {"student": done.student, "seconds": f"{done.seconds:.1f}", "walls": "on" if walled else UNWALLED,
+           SUBMITTED: submitted}
+    for assignment, results in done.graded.items():
+        row[assignment] = format_points(total(results)[0])
+    points, max_points = total([r for results in done.graded.values() for r in results])
+    row.update(total=format_points(points), max_total=format_points(max_points))
+    row[SIGNATURE] = sign(key, row, fieldnames)
+    return row
+
+
 def run_grade_command(args: argparse.Namespace) -> int:
     submissions = Path(args.directory)
     if not submissions.is_dir():
@@ -303,24 +316,35 @@ def run_grade_command(args: argparse.Namespace) -> int:
     pending = [s for s in students if graded_before.get(s.name) != fingerprints[s.name]]
     limits = _limits(args, walled)
     feedback_dir.mkdir(parents=True, exist_ok=True)
-    for student_dir in tqdm(pending, desc="grading", unit="student", disable=args.no_progress):
-        started = time.perf_counter()
-        graded = grade_student(student_dir, assignments, limits, (out, key_path(out), feedback_dir), secret)
-        row = {"student": student_dir.name, "seconds": f"{time.perf_counter() - started:.1f}",
-               "walls": "on" if walled else UNWALLED, SUBMITTED: fingerprints[student_dir.name]}
-        for assignment, results in graded.items():
-            row[assignment] = format_points(total(results)[0])
-        points, max_points = total([r for results in graded.values() for r in results])
-        row.update(total=format_points(points), max_total=format_points(max_points))
-        row[SIGNATURE] = sign(key, row, fieldnames)
-        write_text_atomically(feedback_dir / f"{student_dir.name}.txt", feedback_text(student_dir.name, graded, walled))
-        rows = [r for r in rows if r["student"] != student_dir.name] + [row]
+    if pending and not args.no_progress:
+        print(f"grading {len(pending)} students, {min(args.jobs, len(pending))} at a time (--jobs)", file=sys.stderr)
+    protected = (out, key_path(out), feedback_dir)
+    grade = functools.partial(grade_student, assignments=assignments, limits=limits, protected=protected, secret=secret)
+    batch = Batch(pending, args.jobs, grade)
+    for count, done in enumerate(batch.finished(), 1):
+        row = student_row(done, fingerprints[done.student], walled, key, fieldnames)
+        write_text_atomically(feedback_dir / f"{done.student}.txt", feedback_text(done.student, done.graded, walled))
+        rows = [r for r in rows if r["student"] != done.student] + [row]
         write_csv_atomically(out, fieldnames, sorted(rows, key=lambda r: r["student"]))
+        if not args.no_progress:
+            print(progress_line(count, len(pending), batch.slowest_running()), file=sys.stderr)
     print(
         f"graded {len(pending)} student(s), skipped {len(students) - len(pending)} whose notebooks {out} has "
         f"graded; grades in {out}, feedback in {feedback_dir}/"
     )
     return 0
+
+
+def jobs_count(text: str) -> int:
+    """`--jobs J`: a whole number of students graded at once, 1 or more; anything else is refused by argparse
+    (exit code 2) with a message naming what it takes."""
+    try:
+        jobs = int(text)
+    except ValueError:
+        jobs = 0
+    if jobs < 1:
+        raise argparse.ArgumentTypeError(f"takes a whole number of students graded at once, 1 or more; got {text!r}")
+    return jobs
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -336,7 +360,15 @@ def build_parser() -> argparse.ArgumentParser:
     grade.add_argument("--feedback", required=True, help="folder for one feedback file per student")
     grade.add_argument("--assignments", help="comma-separated assignments to grade (default: all)")
     grade.add_argument("--force", action="store_true", help="regrade students already in the CSV")
-    grade.add_argument("--no-progress", action="store_true", help="no progress bar")
+    grade.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
+    cores = len(machine_cores())
+    grade.add_argument(
+        "--jobs",
+        type=jobs_count,
+        default=cores,
+        help=f"students graded at once, each notebook still in its own child with the same limits (default: one per "
+        f"core this process may use, {cores} here); the grades are the same for any J",
+    )
     grade.add_argument(
         "--no-walls",
         action="store_true",

@@ -188,7 +188,16 @@ def grade_notebook(
     observed = read_observations(run.results, {check.name for check in checks})
     missing = _missing_message(run, limits)
     cell_errors = observed.pop(CELL_ERRORS, Observed(observation=[])).observation
-    return [judge_observed(check, observed.get(check.name), missing, cell_errors, witness) for check in checks]
+    with JUDGES_TAKE_TURNS:
+        return [judge_observed(check, observed.get(check.name), missing, cell_errors, witness) for check in checks]
+
+
+JUDGES_TAKE_TURNS = threading.Lock()
+"""Held while a notebook's judges run or prepare, in this process: `grade --jobs` grades several notebooks at
+once from threads of one parent, and the judges' reference runs share its caches (`harness.run_once`,
+`functools.cache`) and torch's thread count, which each run sets to 1 and restores; two at once could make
+the same reference twice, or change the count under the other. The children, where the time goes, still run
+side by side, and a reference made once is then read from the cache."""
 
 
 def prepare_judges(exercise: ModuleType, checks: tuple[Check, ...]) -> None:
@@ -198,11 +207,12 @@ def prepare_judges(exercise: ModuleType, checks: tuple[Check, ...]) -> None:
     prepare = getattr(getattr(exercise, "EXERCISE", None), "prepare", None)
     if prepare is None:
         return
-    for check in checks:
-        try:
-            prepare(check)
-        except Exception:  # the judge that needs it makes it again, and reports the failure
-            continue
+    with JUDGES_TAKE_TURNS:
+        for check in checks:
+            try:
+                prepare(check)
+            except Exception:  # the judge that needs it makes it again, and reports the failure
+                continue
 
 
 def start_witness(exercise: ModuleType) -> tuple[Witness | None, int]:

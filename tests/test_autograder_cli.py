@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from autograder.cli import key_path, write_csv_atomically
+from autograder.cli import build_parser, key_path, write_csv_atomically
 
 ROOT = Path(__file__).resolve().parents[1]
 EX05 = "ex05_memory_planning"
@@ -108,12 +108,32 @@ def read_grades(path: Path) -> dict[str, dict]:
         return {row["student"]: row for row in csv.DictReader(handle)}
 
 
-def test_grade_writes_the_csv_and_feedback_and_survives_a_broken_notebook(fake_class: Path, tmp_path: Path) -> None:
+def without_timings(path: Path) -> list[list[str]]:
+    """The CSV's cells, its `seconds` (wall time) and `signature` (which signs them, with a key per file) blank."""
+    with path.open(newline="") as handle:
+        table = list(csv.reader(handle))
+    varying = [table[0].index("seconds"), table[0].index("signature")]
+    return [[("" if index in varying else cell) for index, cell in enumerate(row)] for row in table]
+
+
+def test_grade_writes_the_csv_and_feedback_the_same_at_any_jobs_and_survives_a_broken_notebook(
+    fake_class: Path, tmp_path: Path
+) -> None:
+    """Two students at a time (carol's file, not a notebook, has no child): the CSV, row for row, and every
+    feedback file, byte for byte, as one at a time writes them."""
     out, feedback = tmp_path / "grades.csv", tmp_path / "feedback"
     done = run_autograder("grade", str(fake_class), "--out", str(out), "--feedback", str(feedback),
-                          "--assignments", EX05)
+                          "--assignments", EX05, "--jobs", "2")
     assert done.returncode == 0, done.stderr
-    assert "grading" in done.stderr  # the progress bar
+    assert "grading 3 students, 2 at a time" in done.stderr and "graded 3/3 students" in done.stderr
+    one_out, one_feedback = tmp_path / "one" / "grades.csv", tmp_path / "one" / "feedback"
+    alone = run_autograder("grade", str(fake_class), "--out", str(one_out), "--feedback", str(one_feedback),
+                           "--assignments", EX05, "--jobs", "1", "--no-progress")
+    assert alone.returncode == 0 and "graded" not in alone.stderr, alone.stderr
+    assert without_timings(out) == without_timings(one_out)
+    assert {p.name: p.read_bytes() for p in feedback.iterdir()} == {
+        p.name: p.read_bytes() for p in one_feedback.iterdir()
+    }
     grades = read_grades(out)
     assert {s: (g[EX05], g["total"], g["max_total"]) for s, g in grades.items()} == {
         "alice": ("10", "10", "10"),
@@ -124,6 +144,15 @@ def test_grade_writes_the_csv_and_feedback_and_survives_a_broken_notebook(fake_c
     assert "2Ψ + 14Ψ/N" in bob and bob.rstrip().endswith("total: 2/10 points")
     carol = (feedback / "carol.txt").read_text()
     assert "not graded: ex05_memory_planning.ipynb is not a notebook (not JSON" in carol
+
+
+@pytest.mark.parametrize("jobs", ["0", "-2", "two"])
+def test_grade_refuses_jobs_that_are_not_a_whole_number_from_one(jobs: str, capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(["grade", "submitted", "--out", "g.csv", "--feedback", "fb", "--jobs", jobs])
+    assert exited.value.code == 2
+    error = capsys.readouterr().err
+    assert f"--jobs: takes a whole number of students graded at once, 1 or more; got {jobs!r}" in error, error
 
 
 def test_a_rerun_resumes_and_force_regrades(fake_class: Path, tmp_path: Path) -> None:
