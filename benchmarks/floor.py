@@ -16,6 +16,14 @@ without the simulator. Every benchmark that prints a ratio to a floor takes it f
 (`benchmarks/bench_step.py`, `benchmarks/bench_bound.py`); the one-process floor, the same work in one
 thread, is printed beside it. A step of either is the median of the steps after the first; each step
 ends at a barrier of the processes, so it lasts as long as the slower one.
+
+The lockstep floor is the same work again, as the virtual cluster runs it: one rank thread per rank, and
+the ranks meeting in a `dist.barrier` wherever the stage meets them in a collective (as many per layer in
+forward and in backward, after backward and after the update, as a run of the stage records in its
+ledger), with no stage code, no data moved and nothing tracked. Between two collectives every rank but
+the last to arrive must stop and let the others run, so N ranks on a few cores take turns at every
+collective: a thread switch and a cold cache each time. That is what simulating the stage's schedule on
+rank threads costs before any of its code runs; a stage's step over it is what the stage's own code adds.
 """
 
 from __future__ import annotations
@@ -28,8 +36,10 @@ from typing import Any
 
 import torch
 
+from zero_core import dist
+from zero_core.cluster import VirtualCluster
 from zero_core.memory import MemoryTracker
-from zero_core.model import build_model, loss_fn, micro_batch
+from zero_core.model import build_model, loss_fn, micro_batch, parameter_layers
 from zero_core.optim import AdamShard, precision_dtype
 from zero_core.partition import flatten
 from zero_core.stages import TrainConfig
@@ -142,3 +152,77 @@ class Floors:
         self._one.close()
         self._many.close()
         self._manager.shutdown()
+
+
+@dataclass(frozen=True)
+class Meetings:
+    """Where a stage's ranks meet in collectives in one step, as counts: per parameter layer in forward and in
+    backward, then after backward and after the update (the stage's gradient sync and optimizer phases)."""
+
+    forward_per_layer: int
+    backward_per_layer: int
+    after_backward: int
+    after_update: int
+
+    @classmethod
+    def of_ledger(cls, entries: list[Any], step: int, layers: int) -> Meetings:
+        """The counts of a rank's ledger entries (`comm.CommEntry`) in `step`, by the phase they ran in."""
+        by_phase = {phase: 0 for phase in ("forward", "backward", "grad_sync", "optimizer")}
+        for entry in entries:
+            if entry.step == step and entry.phase in by_phase:
+                by_phase[entry.phase] += 1
+        if by_phase["forward"] % layers or by_phase["backward"] % layers:
+            raise ValueError(f"{by_phase} collectives in one step do not split evenly over {layers} layers")
+        return cls(by_phase["forward"] // layers, by_phase["backward"] // layers, by_phase["grad_sync"],
+                   by_phase["optimizer"])
+
+
+def lockstep_work(config: TrainConfig, steps: int, stage: int, meetings: Meetings) -> list[float]:
+    """One rank thread's floor work on the virtual cluster, meeting the others at `meetings`; seconds per step.
+
+    A forward pre-hook on each parameter layer meets the ranks before the layer runs; a hook on the layer's
+    first parameter meets them when its gradient is computed. ZeRO-0 steps Adam on a full replica, ZeRO-1..3
+    on the rank's 1/N of it, as the floor does.
+    """
+    torch.set_num_threads(1)
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    model = build_model(config.model, config.seed).to(precision_dtype(config.precision))
+
+    def meet(times: int) -> None:
+        for _ in range(times):
+            dist.barrier()
+
+    for _, layer in parameter_layers(model):
+        if meetings.forward_per_layer:
+            layer.register_forward_pre_hook(lambda *_: meet(meetings.forward_per_layer))
+        if meetings.backward_per_layer:
+            next(layer.parameters()).register_hook(lambda grad: meet(meetings.backward_per_layer))
+    params = list(model.parameters())
+    master = flatten([p.detach().float() for p in params])
+    if stage == 0:
+        piece = slice(0, master.numel())
+    else:
+        piece = slice(rank * master.numel() // world_size, (rank + 1) * master.numel() // world_size)
+    adam = AdamShard(master[piece].clone(), config.adam, MemoryTracker(), "floor")
+    times = []
+    for step in range(steps):
+        dist.barrier()
+        started = time.perf_counter()
+        inputs, targets = micro_batch(config.model, rank, step, config.seed)
+        loss_fn(model(inputs), targets).backward()
+        meet(meetings.after_backward)
+        with torch.no_grad():
+            grad = flatten([p.grad for p in params]).float() / world_size
+            adam.step(grad[piece], step + 1)
+            for p in params:
+                p.grad = None
+        meet(meetings.after_update)
+        times.append(time.perf_counter() - started)
+    return times
+
+
+def lockstep_floor(config: TrainConfig, world_size: int, steps: int, stage: int, meetings: Meetings) -> float:
+    """The lockstep floor: seconds per step of `lockstep_work` on `world_size` rank threads (the slowest rank's
+    step, the median after the first), with the virtual cluster's default CPU slots."""
+    per_rank = VirtualCluster(world_size, timeout_s=120.0).run(lockstep_work, config, steps, stage, meetings)
+    return typical([max(step) for step in zip(*per_rank, strict=True)])

@@ -35,6 +35,11 @@ def test_bench_step_prints_a_row_per_stage_and_n_the_targets_and_the_overhead_pe
     rows = [line.split()[0] for line in out.splitlines() if line.startswith("ZeRO-")]
     assert rows == ["ZeRO-0", "ZeRO-3"] * 2, out
     assert "N = 2: worst" in out and "N = 3: worst" in out and "the code's own work, CPU x" in out, out
+    header = next(line for line in out.splitlines() if line.startswith("stage "))
+    assert "2-proc floor" in header and "lockstep" in header and "x lockstep" in header, out
+    bounds = [line for line in out.splitlines() if line.startswith("    over the target, ZeRO-")]
+    ratios = [line for line in out.splitlines() if line.startswith("  N = ") and "NOT met" in line]
+    assert all("(the lockstep floor), take" in line for line in bounds) and len(bounds) >= len(ratios), out
     fits = [line.split() for line in out.splitlines() if line.startswith("    ZeRO-")]
     assert [fit[0] for fit in fits] == ["ZeRO-0:", "ZeRO-3:"], out
     assert all(fit[2] == "MB" and fit[3][0] in "+-" and fit[4:7] == ["MB", "per", "rank"] for fit in fits), out
