@@ -53,7 +53,7 @@ LAYERS = (
     ("units", "facts", "ring", "formulas", "topology", "configurations", "quantized_bytes", "quantize"),
     ("context",),
     ("comm", "memory", "schedule", "flops", "reachable"),
-    ("backends", "cluster", "cpu_turns", "dist"),
+    ("backends", "call_sites", "cluster", "cpu_turns", "dist"),
     ("model", "partition", "optim"),
     ("registry",),
     ("stages",),

@@ -14,6 +14,9 @@ The cluster never hangs on a mistake:
   every rank was doing;
 - each of these is detected per process group: a collective with `group=` (`dist.new_group`) meets only
   the group's ranks, numbered in their own sequence, and the errors name the group;
+- each of these messages names the line of code every waiting rank called its collective from (and, for a
+  timeout, where a rank that never arrived is running), read off the ranks' stacks only when a failure is
+  diagnosed (`zero_core.call_sites`);
 - after any failure, ranks still running are stopped (a Python-level loop is interrupted), and the
   cluster is ready for the next `run`.
 
@@ -27,6 +30,7 @@ from __future__ import annotations
 import ctypes
 import gc
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -36,6 +40,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
+from zero_core import call_sites
 from zero_core.backends.base import Backend, CollectiveCall
 from zero_core.backends.virtual import VirtualBackend
 from zero_core.comm import CommLedger
@@ -184,6 +189,8 @@ class VirtualCluster:
         self._finished = [False] * n
         self._finished_count = 0
         self._status = ["starting"] * n
+        self._idents = [0] * n
+        """Each rank's thread, by `threading.get_ident`: where a failure's message finds its call site."""
         self._results: list[Any] = [None] * n
         self._failure: tuple[int, BaseException] | None = None
         self._running = n
@@ -238,6 +245,7 @@ class VirtualCluster:
             ledger=self.ledger.ranks[rank],
             tracker=self.trackers[rank],
         )
+        self._idents[rank] = threading.get_ident()
         try:
             self._take_turn(rank)
             with activate(ctx):
@@ -294,20 +302,41 @@ class VirtualCluster:
             ) from self._failure[1]
 
     def describe_ranks(self) -> str:
-        """One line per rank: the collective it waits in, or what it is doing (caller holds the lock)."""
+        """One line per rank: the collective it waits in and the line that called it, or what it is doing and
+        where (caller holds the lock)."""
         lines = []
         for rank in range(self.world_size):
             call = self._waiting[rank]
             done = self._calls_made[rank]
             if call is not None:
-                lines.append(f"  rank {rank}: waiting in {call.describe()}")
+                lines.append(f"  rank {rank}: waiting in {call.describe()}, called at {self._site(rank)}")
             elif rank in self._turns.queue:
                 lines.append(f"  rank {rank}: waiting for a turn on the CPU after {done} collective(s)")
             elif self._finished[rank]:
                 lines.append(f"  rank {rank}: {self._status[rank]} after {done} collective(s)")
             else:
-                lines.append(f"  rank {rank}: {self._status[rank]} its own code after {done} collective(s)")
+                lines.append(
+                    f"  rank {rank}: {self._status[rank]} its own code after {done} collective(s), now at "
+                    f"{self._site(rank)}"
+                )
         return "\n".join(lines)
+
+    def _site(self, rank: int) -> str:
+        """Where `rank`'s thread is, outside the collectives' code: the call site of the collective it waits
+        in, or the line it is running. Read from its stack now (`zero_core.call_sites`), only on a failure."""
+        if self._idents[rank] == threading.get_ident():
+            return call_sites.describe(sys._getframe(1)) or "?"
+        return call_sites.of_thread(self._idents[rank]) or "?"
+
+    def _sites(self, ranks: list[int]) -> str:
+        """The call sites of `ranks`' collective, one line per site, the ranks at each together (caller holds
+        the lock). A rank that arrived with `async_op=True` and ran on has left its call site behind."""
+        by_site: dict[str, list[int]] = {}
+        for rank in ranks:
+            waiting = self._waiting[rank] is not None or self._idents[rank] == threading.get_ident()
+            site = self._site(rank) if waiting else "? (it arrived with async_op=True and ran on)"
+            by_site.setdefault(site, []).append(rank)
+        return "\n".join(f"  {_ranks_text(at)} called it at {site}" for site, at in by_site.items())
 
     # -- collectives -------------------------------------------------------------------------------
 
@@ -356,7 +385,8 @@ class VirtualCluster:
                 raise CollectiveMismatch(
                     f"collective mismatch at position #{seq}{where}: rank {rank} called {call.describe()}, "
                     f"but rank {meeting.first_rank} called {first.describe()}. Every rank must call the "
-                    "same collectives, in the same order, with the same shapes and dtypes."
+                    "same collectives, in the same order, with the same shapes and dtypes.\n"
+                    f"  rank {rank} called it at {self._site(rank)}\n{self._sites([meeting.first_rank])}"
                 )
         else:
             meeting.first_rank = rank
@@ -427,7 +457,8 @@ class VirtualCluster:
         return CollectiveDeadlock(
             f"rank {missing} returned without calling {call.describe()}, which rank(s) {waiting} are "
             "waiting in. Every rank must call the same collectives; look for a collective inside an "
-            "`if rank == ...` branch or a loop whose length depends on the rank."
+            "`if rank == ...` branch, a return or break that only some ranks take, or a loop whose length "
+            f"depends on the rank.\n{self._sites(waiting)}"
         )
 
 
@@ -494,6 +525,18 @@ class VirtualCluster:
                 self._turns.stop_waiting(rank)
                 raise error
         self._raise_if_failed()
+
+def _ranks_text(ranks: list[int]) -> str:
+    """[0, 1, 2, 5] -> "ranks 0-2, 5"; [3] -> "rank 3"."""
+    spans: list[list[int]] = []
+    for rank in sorted(ranks):
+        if spans and rank == spans[-1][1] + 1:
+            spans[-1][1] = rank
+        else:
+            spans.append([rank, rank])
+    text = ", ".join(f"{a}-{b}" if b > a else f"{a}" for a, b in spans)
+    return f"rank {text}" if len(ranks) == 1 else f"ranks {text}"
+
 
 INTERCONNECT = (VirtualCluster, _Rendezvous)
 """The interconnect's objects, not any rank's: a walk over what a rank holds (`zero_core.reachable`) stops

@@ -42,12 +42,11 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from zero_core import comm
+from zero_core import call_sites, comm
 from zero_core.backends.base import CollectiveCall, Finish, ReduceOp, reduce_in_rank_order
 from zero_core.comm import RankLedger
 from zero_core.context import RankContext, current, maybe_current
@@ -181,14 +180,11 @@ RECORD_ISSUERS = "record_issuers"
 """With `current().extra[RECORD_ISSUERS] = True`, every collective's ledger entry names the code that called
 it: the grader's evidence of whether a student's layer's collective came from the student's code or from
 the reference's (`CommEntry.issuer`). Off elsewhere: it costs a walk up the stack per collective."""
-_IMPLEMENTATION = (__file__, str(Path(__file__).with_name("cluster.py")), str(Path(__file__).with_name("backends")))
 
 
 def _issuer() -> str:
     """"file:function" of the innermost caller outside the collectives' own implementation."""
-    frame = sys._getframe(2)
-    while frame is not None and frame.f_code.co_filename.startswith(_IMPLEMENTATION):
-        frame = frame.f_back
+    frame = call_sites.outside_implementation(sys._getframe(2))
     return f"{frame.f_code.co_filename}:{frame.f_code.co_name}" if frame is not None else ""
 
 
