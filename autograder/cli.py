@@ -16,7 +16,9 @@ notebooks have not changed since their row (a fingerprint of the notebooks' byte
 unless `--force`; a run on another set of assignments grades everyone again; and it trusts only rows this
 grader wrote: every row carries an HMAC-SHA256 signature with a key kept beside the CSV (`.<name>.key`, mode
 0600, out of every submission's reach), and a row whose signature does not verify (edited, forged, from an
-older grader) is graded again.
+older grader) is graded again (`autograder.grade_file`). For a class too large for one machine, `--shard K/M`
+grades one shard of it with the instructor's key (`--key FILE`, made by `new-key`), and `merge` joins the
+shards' folders, refusing every row that does not verify (`autograder.shards`).
 
 Walls: every child runs inside the operating system's walls (`autograder.walls`). `grade` refuses, in one
 line naming the fix, where they cannot be built, unless `--no-walls`, and then the CSV's `walls` column and
@@ -37,22 +39,29 @@ assignment (`autograder.gradebook_scores`).
 from __future__ import annotations
 
 import argparse
-import csv
 import functools
 import hashlib
-import hmac
-import io
-import json
 import os
-import secrets
 import sys
-import tempfile
 from pathlib import Path
 
 from autograder import recorded, walls
 from autograder.batch import Batch, Finished, progress_line
 from autograder.checks import CheckResult, format_points, grading_secret, print_results, results_text, total
+from autograder.grade_file import (
+    SIGNATURE,
+    grading_key,
+    key_path,
+    new_key,
+    read_key,
+    read_rows,
+    sign,
+    signed_rows,
+    write_csv_atomically,
+    write_text_atomically,
+)
 from autograder.sandbox import ROOT, Limits, grade_notebook
+from autograder.shards import merge, parse_shard, shard_of
 from autograder.submission import EXERCISES, assignment_of, exercise_module, unreadable
 from zero_core.cluster import machine_cores
 
@@ -156,29 +165,6 @@ def find_notebooks(student_dir: Path, assignments: list[str]) -> dict[str, Path]
     return found
 
 
-def write_csv_atomically(path: Path, fieldnames: list[str], rows: list[dict]) -> None:
-    """The whole CSV, made in memory, then written as one file (`write_text_atomically`)."""
-    text = io.StringIO(newline="")
-    writer = csv.DictWriter(text, fieldnames=fieldnames)
-    writer.writeheader()
-    writer.writerows(rows)
-    write_text_atomically(path, text.getvalue())
-
-
-def read_rows(path: Path, fieldnames: list[str]) -> list[dict]:
-    """The rows of an earlier run of the same assignments; none (every student is graded again, and the file
-    rewritten) when the file has other columns: another set of assignments, or an older grader's."""
-    if not path.exists():
-        return []
-    with path.open(newline="") as handle:
-        reader = csv.DictReader(handle)
-        if reader.fieldnames != fieldnames:
-            graded = [name for name in reader.fieldnames or [] if name in EXERCISES]
-            now = [name for name in fieldnames if name in EXERCISES]
-            print(f"{path} graded {', '.join(graded) or 'other columns'}; now {', '.join(now)}: "
-                  "every student is graded again")
-            return []
-        return list(reader)
 
 
 SUBMITTED = "submitted"
@@ -196,50 +182,9 @@ def submission_fingerprint(student_dir: Path, assignments: list[str]) -> str:
     return digest.hexdigest()[:32]
 
 
-SIGNATURE = "signature"
 
 
-def key_path(out: Path) -> Path:
-    return out.parent / f".{out.name}.key"
 
-
-def grading_key(out: Path) -> bytes:
-    """The key that signs the rows of `out`, made (mode 0600) on the first run."""
-    path = key_path(out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        return path.read_bytes()
-    key = secrets.token_bytes(32)
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(key)
-    return key
-
-
-def sign(key: bytes, row: dict, fieldnames: list[str]) -> str:
-    message = json.dumps([row.get(name, "") for name in fieldnames if name != SIGNATURE]).encode()
-    return hmac.new(key, message, hashlib.sha256).hexdigest()
-
-
-def signed_rows(rows: list[dict], key: bytes, fieldnames: list[str]) -> tuple[list[dict], int]:
-    """The rows whose signature this grader made, and how many others there were."""
-    kept = [row for row in rows if hmac.compare_digest(row.get(SIGNATURE) or "", sign(key, row, fieldnames))]
-    return kept, len(rows) - len(kept)
-
-
-def write_text_atomically(path: Path, text: str) -> None:
-    """Write `text` to a temporary file beside `path`, then rename it over `path`: a reader sees the old
-    file or the new one, never a part."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", newline="") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def feedback_text(student: str, graded: dict[str, list[CheckResult]], walled: bool = True) -> str:
@@ -304,7 +249,10 @@ def run_grade_command(args: argparse.Namespace) -> int:
     except (PermissionError, FileNotFoundError) as error:
         raise UsageError(f"the grading secret: {error}") from None
     fieldnames = ["student", *assignments, "total", "max_total", "seconds", "walls", SUBMITTED, SIGNATURE]
-    key = grading_key(out)
+    try:
+        key = read_key(Path(args.key)) if args.key else grading_key(out)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
     rows, forged = signed_rows([] if args.force else read_rows(out, fieldnames), key, fieldnames)
     if forged:
         print(f"{forged} row(s) of {out} were not written by this grader (no valid signature): dropped, and graded "
@@ -312,13 +260,15 @@ def run_grade_command(args: argparse.Namespace) -> int:
         write_csv_atomically(out, fieldnames, rows)
     graded_before = {row["student"]: row[SUBMITTED] for row in rows}
     students = sorted(p for p in submissions.iterdir() if p.is_dir() and not p.name.startswith("."))
+    if args.shard is not None:
+        students = shard_of(students, args.shard)
     fingerprints = {s.name: submission_fingerprint(s, assignments) for s in students}
     pending = [s for s in students if graded_before.get(s.name) != fingerprints[s.name]]
     limits = _limits(args, walled)
     feedback_dir.mkdir(parents=True, exist_ok=True)
     if pending and not args.no_progress:
         print(f"grading {len(pending)} students, {min(args.jobs, len(pending))} at a time (--jobs)", file=sys.stderr)
-    protected = (out, key_path(out), feedback_dir)
+    protected = (out, Path(args.key) if args.key else key_path(out), feedback_dir)
     grade = functools.partial(grade_student, assignments=assignments, limits=limits, protected=protected, secret=secret)
     batch = Batch(pending, args.jobs, grade)
     for count, done in enumerate(batch.finished(), 1):
@@ -333,6 +283,41 @@ def run_grade_command(args: argparse.Namespace) -> int:
         f"graded; grades in {out}, feedback in {feedback_dir}/"
     )
     return 0
+
+
+def run_new_key_command(args: argparse.Namespace) -> int:
+    try:
+        new_key(Path(args.file))
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    print(f"made {args.file} (mode 0600): give it to every grading job (grade --key) and to merge, and no one else")
+    return 0
+
+
+def run_merge_command(args: argparse.Namespace) -> int:
+    """The class's CSV and feedback from the shards'; exit 1 when a row was refused (named on stderr)."""
+    try:
+        merged = merge([Path(folder) for folder in args.shards], read_key(Path(args.key)), Path(args.out),
+                       Path(args.feedback))
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    for shard, student in merged.unsigned:
+        print(f"refused {shard}: {student}: its signature does not verify with {args.key} (edited, or signed with "
+              "another key); grade that student again", file=sys.stderr)
+    for student, shards in merged.twice.items():
+        print(f"refused {student}: graded by {len(shards)} shards ({', '.join(map(str, shards))}); merge one",
+              file=sys.stderr)
+    print(f"merged {len(merged.rows)} student(s) from {len(args.shards)} shard(s) into {args.out}, feedback in "
+          f"{args.feedback}/; refused {len(merged.unsigned) + len(merged.twice)}")
+    return 1 if merged.unsigned or merged.twice else 0
+
+
+def shard_argument(text: str) -> tuple[int, int]:
+    """`--shard K/M`, refused by argparse (exit code 2) with the form it takes."""
+    try:
+        return parse_shard(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error).removeprefix("--shard ")) from None
 
 
 def jobs_count(text: str) -> int:
@@ -374,8 +359,26 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="grade without the operating system's walls where they cannot be built (every such grade is marked)",
     )
+    grade.add_argument(
+        "--shard",
+        metavar="K/M",
+        type=shard_argument,
+        help="grade only the K-th of M shards of the students, for one job of many (merge)",
+    )
+    grade.add_argument(
+        "--key", metavar="FILE", help="sign the rows with this key (new-key makes one), not the one beside --out"
+    )
     _add_limits(grade)
     grade.set_defaults(run=run_grade_command)
+    key = commands.add_parser("new-key", help="make the key every grading job of a course signs its rows with")
+    key.add_argument("file", help="where the key goes (mode 0600; never overwritten)")
+    key.set_defaults(run=run_new_key_command)
+    joined = commands.add_parser("merge", help="join the shards' grades into the class's, refusing unsigned rows")
+    joined.add_argument("shards", nargs="+", help="each job's folder: its grades.csv and feedback/")
+    joined.add_argument("--key", required=True, metavar="FILE", help="the key the jobs signed with")
+    joined.add_argument("--out", required=True, help="the class's grades CSV")
+    joined.add_argument("--feedback", required=True, help="folder for the class's feedback files")
+    joined.set_defaults(run=run_merge_command)
     release = commands.add_parser(
         "student-release", help="the folder a class's students receive for one assignment: no answers, no solutions"
     )

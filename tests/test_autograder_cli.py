@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from autograder.cli import build_parser, key_path, write_csv_atomically
+from autograder.cli import build_parser, main
+from autograder.grade_file import key_path, write_csv_atomically
 
 ROOT = Path(__file__).resolve().parents[1]
 EX05 = "ex05_memory_planning"
@@ -189,6 +190,51 @@ def test_a_rerun_trusts_only_the_rows_it_signed(fake_class: Path, tmp_path: Path
     done = run_autograder(*args)
     assert "2 row(s) of" in done.stdout and "graded 1 student(s), skipped 2" in done.stdout
     assert {s: g["total"] for s, g in read_grades(out).items()} == {"alice": "10", "bob": "2", "carol": "0"}
+
+
+def test_shards_graded_apart_merge_into_the_class_and_the_merge_refuses_what_does_not_verify(
+    fake_class: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """Two jobs grade alternate students with the course's key; merge joins them into the class's CSV and
+    feedback, which a later `grade --key` resumes. A row raised by hand, and a student two shards graded,
+    are refused and named (exit 1); a key other users may read is refused outright (exit 2)."""
+    key = tmp_path / "course.key"
+    assert main(["new-key", str(key)]) == 0
+    assert oct(key.stat().st_mode & 0o777) == "0o600" and main(["new-key", str(key)]) == 2
+    shards = [tmp_path / "shard1", tmp_path / "shard2"]
+    for k, shard in enumerate(shards, 1):
+        done = run_autograder("grade", str(fake_class), "--out", str(shard / "grades.csv"), "--feedback",
+                              str(shard / "feedback"), "--assignments", EX05, "--shard", f"{k}/2", "--key", str(key),
+                              "--no-progress")
+        assert done.returncode == 0, done.stderr
+    assert [sorted(read_grades(shard / "grades.csv")) for shard in shards] == [["alice", "carol"], ["bob"]]
+    out, feedback = tmp_path / "class.csv", tmp_path / "feedback"
+    options = ("--key", str(key), "--out", str(out), "--feedback", str(feedback))
+    capsys.readouterr()
+    assert main(["merge", *map(str, shards), *options]) == 0, capsys.readouterr().err
+    assert "merged 3 student(s) from 2 shard(s)" in capsys.readouterr().out
+    assert {s: g["total"] for s, g in read_grades(out).items()} == {"alice": "10", "bob": "2", "carol": "0"}
+    assert {p.name: p.read_text() for p in feedback.iterdir()} == {
+        p.name: p.read_text() for shard in shards for p in (shard / "feedback").iterdir()
+    }
+    resumed = run_autograder("grade", str(fake_class), "--out", str(out), "--feedback", str(feedback),
+                             "--assignments", EX05, "--key", str(key), "--no-progress")
+    assert "graded 0 student(s), skipped 3" in resumed.stdout, resumed.stdout + resumed.stderr
+
+    bob = shards[1] / "grades.csv"
+    bob.write_text(bob.read_text().replace("bob,2,2,", "bob,10,10,"))
+    shutil.copytree(shards[0], tmp_path / "shard1-again")
+    assert main(["merge", *map(str, shards), str(tmp_path / "shard1-again"), *options]) == 1
+    refused = capsys.readouterr().err
+    assert f"refused {shards[1]}: bob: its signature does not verify" in refused, refused
+    assert "refused alice: graded by 2 shards" in refused and "refused carol: graded by 2" in refused, refused
+    assert read_grades(out) == {} and list(feedback.iterdir()) == []  # nobody's earlier feedback stays either
+
+    key.chmod(0o644)
+    assert main(["merge", *map(str, shards), *options]) == 2 and f"chmod 600 {key}" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(["grade", str(fake_class), "--out", "g.csv", "--feedback", "f", "--shard", "3/2"])
+    assert exited.value.code == 2 and "--shard: takes K/M with 1 <= K <= M" in capsys.readouterr().err
 
 
 def test_a_missing_notebook_costs_its_points_with_a_message(tmp_path: Path) -> None:
