@@ -22,8 +22,27 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
+DESCRIPTION = """ZeRO, measured. `compare` trains ZeRO-0..3 on N virtual GPUs and shows their memory,
+traffic and losses side by side; `table` gives the paper's memory and traffic per GPU for any model
+and N; `plan` finds on how many GPUs each stage fits a model, or ranks the configurations on a
+machine's nodes."""
+EXAMPLES = """examples:
+  python -m zero_core compare --world-size 32
+  python -m zero_core table --params 7.5B --gpus 64 --gpu-memory 32GB
+  python -m zero_core plan --params 13B --gpu-memory 40GB
+  python -m zero_core plan --params 70B --gpu-memory 80GB --nodes 32 --machine dgx-h100
+  python -m zero_core plan --machine list     (the machine presets, their figures and sources)
+Sizes take their unit (32GB, 40GiB, 50GB/s, 5us). python -m zero_core COMMAND --help lists the
+options of one command."""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m zero_core", description=__doc__.splitlines()[0])
+    parser = _Parser(
+        prog="python -m zero_core",
+        description=DESCRIPTION,
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     subparsers = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for module in COMMANDS.values():
         module.add_parser(subparsers)

@@ -12,6 +12,7 @@ from typing import Any
 
 from zero_core import configurations
 from zero_core.cli.errors import UsageError
+from zero_core.cli.machines import machine_argument
 from zero_core.cli.render import table
 from zero_core.planner import configuration_time
 from zero_core.planner.time_model import MACHINES, Machine
@@ -27,7 +28,7 @@ def add_arguments(p: argparse.ArgumentParser, default_configs: str) -> None:
         help=f"configurations, comma-separated: {', '.join(configurations.CONFIGURATIONS)}, hsdp:S "
         f"(default {default_configs})",
     )
-    p.add_argument("--machine", choices=sorted(MACHINES), help="a machine preset, for predicted step times")
+    machine_argument(p, "a machine preset, for predicted step times")
     p.add_argument(
         "--tokens-per-gpu",
         type=int,

@@ -14,6 +14,7 @@ import argparse
 from typing import Any
 
 from zero_core.cli.errors import UsageError
+from zero_core.cli.machines import machine_argument
 from zero_core.cli.render import table
 from zero_core.configurations import CONFIGURATIONS
 from zero_core.planner.configuration_time import predict_report
@@ -29,12 +30,8 @@ DEFAULT_TOKENS_PER_GPU = 4096
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--machine",
-        default=DEFAULT_MACHINE,
-        choices=sorted(MACHINES),
-        help=f"machine the step times are predicted for (default {DEFAULT_MACHINE})",
-    )
+    help_text = f"machine the step times are predicted for (default {DEFAULT_MACHINE})"
+    machine_argument(p, help_text, default=DEFAULT_MACHINE)
     p.add_argument(
         "--predict-params",
         default=DEFAULT_PARAMS,

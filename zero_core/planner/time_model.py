@@ -188,6 +188,13 @@ MACHINES = {
     "dgx2-v100": DGX2_V100, "a100-400g": A100_400G, "h100-800g": H100_800G, "dgx-a100": DGX_A100, "dgx-h100": DGX_H100,
 }
 """The presets by the short names the command line takes (`--machine dgx-h100`)."""
+PRESET_FIGURES = {
+    "dgx2-v100": ("DGX2_V100",), "a100-400g": ("A100_400G",), "h100-800g": ("H100_800G",),
+    "dgx-a100": ("DGX_A100", "A100_400G"), "dgx-h100": ("DGX_H100", "H100_800G"),
+}
+"""The names each preset's figures are filed under in the facts file's `used_in` ("time_model.py
+(DGX_A100.inter_node_bandwidth)"): its own, then those of the preset it is made from (`with_`), which its own
+override field by field. `--machine list` reads its sources through them (`zero_core.cli.machines`)."""
 
 
 def collective_seconds(machine: Machine, op: str, full_bytes: float, n_gpus: int) -> float:
