@@ -332,9 +332,15 @@ def jobs_count(text: str) -> int:
     return jobs
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line and exit 2, as the course's other refusals print
+        sys.stderr.write(f"{self.prog}: error: {message} (see --help)\n")
+        sys.exit(CANNOT_GRADE)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m autograder", description=__doc__.splitlines()[0])
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser = _Parser(prog="python -m autograder", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     check = commands.add_parser("check", help="grade one notebook and print every check's points and message")
     check.add_argument("notebook", help="an exNN_*.ipynb notebook")
     _add_limits(check)
