@@ -52,8 +52,3 @@ def describe(frame: FrameType | None) -> str:
 def of_thread(ident: int) -> str:
     """Where the thread `ident` is now, seen from outside the collectives: its call site while it waits in one."""
     return describe(sys._current_frames().get(ident))
-
-
-def here() -> str:
-    """The calling thread's own call site (a rank that finds the mismatch itself, on arriving)."""
-    return describe(sys._getframe(1))
