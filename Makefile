@@ -135,6 +135,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_bound.py
 	$(PY) benchmarks/bench_slots.py
 	$(PY) benchmarks/bench_grading.py
+	$(PY) benchmarks/bench_class.py
 	$(PY) benchmarks/crosscheck_pytorch.py
 	$(PY) benchmarks/bench_memory_audit.py
 

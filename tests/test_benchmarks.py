@@ -79,6 +79,17 @@ def test_bench_slots_prints_each_stage_over_the_slot_counts_and_names_the_fastes
 
 
 @pytest.mark.skipif(isinstance(walls.available(), str), reason="no walls on this machine to measure")
+def test_bench_class_prints_jobs_1_and_j_the_speedup_identical_grades_and_the_time_without_sharing() -> None:
+    out = run_benchmark("bench_class.py", "--students", "2", "--assignment", "ex05_memory_planning",
+                        "--term-students", "0", "--unshared", "1", "--jobs", "2")
+    assert "2 students x 1 assignment(s): 2 notebooks (1 untouched, 1 solution)" in out, out
+    rows = [line.split("  ")[1] for line in out.splitlines() if line.endswith(" s per notebook")]
+    assert rows == ["grade --jobs 1", "grade --jobs 2", "nothing shared (a grader per student, first 1)"], out
+    assert "x the speed of --jobs 1 (target 1.8x: " in out and "; the grades identical" in out, out
+    assert "one grader for the class is " in out and max(len(line) for line in out.splitlines()) <= 100, out
+
+
+@pytest.mark.skipif(isinstance(walls.available(), str), reason="no walls on this machine to measure")
 def test_bench_grading_prints_each_notebook_with_and_without_the_walls_and_the_targets() -> None:
     out = run_benchmark("bench_grading.py", "--students", "1", "--assignments", "ex05_memory_planning")
     (row,) = [line.split() for line in out.splitlines() if line.strip().startswith("ex05_memory_planning")]
