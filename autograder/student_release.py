@@ -69,7 +69,7 @@ def record_references(assignment: str) -> dict:
     if not solution.exists():
         raise ReleaseError(f"no solution notebook at {solution}: build the release from the instructor's copy")
     visible = tuple(check for check in exercise_module(assignment).CHECKS if not check.hidden)
-    _forget_cached_references()
+    forget_cached_references()
     with recorded.recording() as book:
         results = list(grade_submission(load(solution, assignment), visible))
     failed = [f"{r.name}: {r.message[:300]}" for r in results if not r.passed]
@@ -78,9 +78,11 @@ def record_references(assignment: str) -> dict:
     return book
 
 
-def _forget_cached_references() -> None:
-    """Runs and oracles made earlier in this process would not be recorded: make them again."""
-    from autograder import stage_checks
+def forget_cached_references() -> None:
+    """Forget every reference this process's judges made (runs, oracles, the kernel's figures), so the next
+    judge makes its own: runs made earlier would not be recorded, and `benchmarks/bench_class.py` times a
+    notebook graded from nothing."""
+    from autograder import kernel_memory, stage_checks
 
     harness.forget_runs()
     stage_checks.oracle_run.cache_clear()
@@ -88,6 +90,7 @@ def _forget_cached_references() -> None:
         cached = getattr(exercise_module(assignment), "oracle_run", None)
         if cached is not stage_checks.oracle_run and hasattr(cached, "cache_clear"):
             cached.cache_clear()
+    kernel_memory.reference_figures.cache_clear()
 
 
 def execute_lesson(source: Path, target: Path) -> None:

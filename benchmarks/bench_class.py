@@ -9,6 +9,9 @@ early, and which would make the class faster or slower than a real one). Then gr
 
 - `--jobs 1`, then `--jobs J` (J = the cores this process may use): the speed-up, and that the grades are the
   same (every column but the seconds). Target: `--jobs 2` at least 1.8x faster than `--jobs 1`.
+- where one notebook's time goes: a solution notebook of each assignment graded by this process from nothing
+  (the judges' references made while its child runs) and again with them made, as every later notebook of a
+  batch is: the difference is the references' share.
 - nothing shared: the first `--unshared` students each graded by a grader process of its own (`--shard k/S`,
   one student a shard, as a job array with one job per student would), one after another. Such a grader makes
   the judges' reference runs, the oracle's trajectories and the kernel's reference figures again for its one
@@ -39,6 +42,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from autograder.grade_file import new_key  # noqa: E402
+from autograder.sandbox import grade_notebook  # noqa: E402
+from autograder.student_release import forget_cached_references  # noqa: E402
 from autograder.submission import EXERCISES  # noqa: E402
 from tests.fixture_text import read_fixture, wrong_fixtures  # noqa: E402
 
@@ -133,6 +138,24 @@ def row(label: str, seconds: float, notebooks: int) -> str:
     return f"  {label:<46} {seconds:7.1f} s {seconds / notebooks:6.2f} s per notebook"
 
 
+def breakdown(the_class: Class) -> None:
+    """Per assignment: a solution notebook graded from nothing, then with its references made."""
+    solution = the_class.submitted / "student001" if the_class.students > 1 else None
+    if solution is None:
+        return
+    print(f"  one solution notebook, graded here: {'from nothing':>14} {'references made':>16} {'their share':>12}")
+    for assignment in the_class.assignments:
+        notebook = solution / assignment / f"{assignment}.ipynb"
+        forget_cached_references()
+        seconds = []
+        for _ in range(2):
+            started = time.perf_counter()
+            grade_notebook(notebook)
+            seconds.append(time.perf_counter() - started)
+        cold, warm = seconds
+        print(f"    {assignment:<33} {cold:12.1f} s {warm:14.1f} s {(cold - warm) / cold:11.0%}")
+
+
 def measure(the_class: Class, work: Path, jobs: int, unshared: int) -> None:
     """Grade the class with --jobs 1 and --jobs `jobs`, and its first `unshared` students a grader each."""
     print(the_class.describe())
@@ -144,6 +167,7 @@ def measure(the_class: Class, work: Path, jobs: int, unshared: int) -> None:
         target = f" (target {TARGET_SPEEDUP:g}x: {'met' if one / many >= TARGET_SPEEDUP else 'NOT met'})"
         print(row(f"grade --jobs {jobs}", many, the_class.notebooks))
         print(f"    {one / many:.2f}x the speed of --jobs 1{target if jobs == 2 else ''}; the grades {same}")
+    breakdown(the_class)
     if unshared:
         unshared = min(unshared, the_class.students)
         alone = work / "alone"
