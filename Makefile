@@ -48,7 +48,7 @@ lint: $(STAMP)
 # and the newest supported torch.
 TEST_WORKERS ?= $(shell n=$$(nproc 2> /dev/null || echo 1); echo $$(( n < 4 ? n : 4 )))
 test: lint
-	$(PY) -m pytest -q -n $(TEST_WORKERS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --durations=15
 	$(if $(filter true,$(CI)),$(MAKE) --no-print-directory test-oldest-torch test-newest-torch)
 
 # A venv with torch $(2) and what the backend's tests need: `make test-$(1)-torch`. PyPI's torch for Linux is
