@@ -226,3 +226,16 @@ def test_table_json_carries_the_configurations(tmp_path, capsys) -> None:
 def test_bad_configurations_get_one_line(argv: list[str], message: str, capsys) -> None:
     code, out, err = run_cli(["table", "--params", "70B", "--gpus", "256", *argv], capsys)
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1 and out == ""
+
+
+def test_table_for_a_model_preset_prints_its_shape_and_the_step_times_assumptions(tmp_path, capsys) -> None:
+    path = tmp_path / "model.json"
+    argv = ["table", "--model", "gpt-3-175b", "--gpus", "1024", "--gpu-memory", "80GB", "--machine", "dgx-a100"]
+    code, out, err = run_cli([*argv, "--json", str(path)], capsys)
+    said = " ".join(out.split())
+    assert code == 0 and err == "" and "Ψ = 174.6B parameters on N = 1024 GPUs" in said
+    assert "96 layers, hidden 12,288, 96 heads, FFN 49,152, vocabulary 50,257, sequences up to 2,048" in said
+    assert "Step time assumes: 96 layers; hidden 12,288; vocabulary 50,257; sequences of 2,048 tokens;" in said
+    data = json.loads(path.read_text())
+    assert data["model"]["preset"] == "gpt-3-175b" and data["assumptions"]["sequence"] == 2048
+    assert data["stages"][3]["model_state_bytes"] == pytest.approx(16 * data["model"]["psi"] / 1024)

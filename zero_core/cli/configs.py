@@ -8,6 +8,7 @@ per GPU, bytes sent per GPU per step inside and across nodes, PCIe bytes, the pr
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from typing import Any
 
 from zero_core import configurations
@@ -15,7 +16,7 @@ from zero_core.cli.errors import UsageError
 from zero_core.cli.machines import machine_argument
 from zero_core.cli.render import table
 from zero_core.planner import configuration_time
-from zero_core.planner.time_model import MACHINES, Machine
+from zero_core.planner.time_model import MACHINES, Layer, Machine
 from zero_core.quantized_bytes import QUANT_BLOCK_ELEMENTS
 from zero_core.units import format_seconds
 
@@ -57,11 +58,14 @@ def rows(
     machine: Machine | None,
     tokens_per_gpu: int,
     algorithm: str,
+    schedule: Callable[[int], list[Layer]] | None = None,
 ) -> list[dict[str, Any]]:
-    """One dict per configuration, in bytes and seconds; `step_s` is None without a machine."""
+    """One dict per configuration, in bytes and seconds; `step_s` is None without a machine. `schedule(tokens)`
+    gives the layers a step is timed for (default: a GPT of Ψ, `configuration_time.model_layers`)."""
     if tokens_per_gpu < 1:
         raise UsageError(f"--tokens-per-gpu must be at least 1, got {tokens_per_gpu}")
-    layers = configuration_time.model_layers(psi, tokens_per_gpu) if machine else None
+    schedule = schedule or (lambda tokens: configuration_time.model_layers(psi, tokens))
+    layers = schedule(tokens_per_gpu) if machine else None
     out = []
     for config in configs:
         try:

@@ -19,6 +19,7 @@ from typing import Any
 
 from zero_core import configurations, formulas
 from zero_core.cli import configs as config_table
+from zero_core.cli import model_choice
 from zero_core.cli.errors import UsageError
 from zero_core.cli.render import table
 from zero_core.cli.table import (
@@ -34,7 +35,7 @@ from zero_core.cli.table import (
 )
 from zero_core.stages import stage_class
 from zero_core.topology import RING
-from zero_core.units import format_count, format_seconds, parse_count
+from zero_core.units import format_count, format_seconds
 
 POWERS_OF_TWO = tuple(2**i for i in range(21))
 
@@ -61,7 +62,7 @@ def smallest_gpu_count(stage: int, psi: float, gpu_memory_bytes: float) -> int |
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("plan", help="smallest number of GPUs on which each ZeRO stage fits a model")
-    p.add_argument("--params", required=True, type=units_argument(parse_count), help="parameters Ψ, like 13B or 1.3e9")
+    model_choice.add_arguments(p, "13B or 1.3e9")
     p.add_argument("--gpu-memory", required=True, help="memory of one GPU: 80GB (1e9 bytes) or 80GiB")
     p.add_argument(
         "--nodes",
@@ -105,7 +106,9 @@ def candidates(n_gpus: int, gpus_per_node: int) -> list[configurations.Configura
     return named + [configurations.Configuration(f"hsdp:{s}", 3, hsdp=True, shard_group=s) for s in sizes]
 
 
-def run_ranked(args: argparse.Namespace, gpu_memory: int, json_path: Any, unit: str) -> int:
+def run_ranked(
+    args: argparse.Namespace, planned: model_choice.PlannedModel, gpu_memory: int, json_path: Any, unit: str
+) -> int:
     """`--nodes`: the configurations that fit M nodes of G GPUs, fastest first on `--machine`."""
     if args.machine is None:
         raise UsageError("--nodes ranks configurations by predicted step time: give --machine too")
@@ -114,15 +117,17 @@ def run_ranked(args: argparse.Namespace, gpu_memory: int, json_path: Any, unit: 
     n_gpus = args.nodes * gpus_per_node
     chosen = config_table.parse(args.configs) if args.configs else candidates(n_gpus, gpus_per_node)
     found = config_table.rows(
-        chosen, args.params, n_gpus, gpus_per_node, gpu_memory, machine, args.tokens_per_gpu, RING
+        chosen, planned.psi, n_gpus, gpus_per_node, gpu_memory, machine, args.tokens_per_gpu, RING, planned.schedule
     )
     best = config_table.ranked(found)
     memory_label = show_size(gpu_memory, unit)
     header = (
-        f"Which configuration for Ψ = {format_count(args.params)} parameters on {args.nodes} nodes of "
+        f"Which configuration for Ψ = {format_count(planned.psi)} parameters on {args.nodes} nodes of "
         f"{gpus_per_node} GPUs of {memory_label} (N = {n_gpus})?\n"
+        f"{model_choice.model_text(planned)}\n"
         f"{machine.name}; {args.tokens_per_gpu:,} tokens per GPU per step. {MODEL_STATES_NOTE}\n"
-        f"{unit} = {'2^30' if unit == 'GiB' else '10^9'} bytes; traffic is per GPU per step, on flat rings."
+        f"{unit} = {'2^30' if unit == 'GiB' else '10^9'} bytes; traffic is per GPU per step, on flat rings.\n"
+        f"{model_choice.assumptions_text(planned, args.tokens_per_gpu, args.machine)}"
     )
     title = "Ranked: the configurations that fit, fastest predicted step first (equal times: less memory first)"
     parts = [header, config_table.render(best, show_bytes, unit, title, numbered=True) if best else "Nothing fits."]
@@ -145,7 +150,9 @@ def run_ranked(args: argparse.Namespace, gpu_memory: int, json_path: Any, unit: 
             json_path,
             {
                 "schema": "zero-course/plan/2",
-                "psi": args.params,
+                "psi": planned.psi,
+                "model": planned.to_dict(),
+                "assumptions": model_choice.assumptions(planned, args.tokens_per_gpu, args.machine),
                 "gpu_memory_bytes": gpu_memory,
                 "nodes": args.nodes,
                 "gpus_per_node": gpus_per_node,
@@ -165,18 +172,20 @@ def run(args: argparse.Namespace) -> int:
     gpu_memory = gpu_memory_argument(args.gpu_memory)
     json_path = check_json_path(args.json)
     unit = display_unit(args.gpu_memory)
+    planned = model_choice.resolve(args)
     if args.nodes is not None:
-        return run_ranked(args, gpu_memory, json_path, unit)
+        return run_ranked(args, planned, gpu_memory, json_path, unit)
     if args.configs or args.machine or args.gpus_per_node:
         raise UsageError("--configs, --machine and --gpus-per-node rank configurations on --nodes: give --nodes")
-    rows = plan_rows(args.params, gpu_memory)
-    print(render(args.params, gpu_memory, unit, rows))
+    rows = plan_rows(planned.psi, gpu_memory)
+    print(render(planned.psi, gpu_memory, unit, rows, planned))
     if json_path is not None:
         write_json(
             json_path,
             {
                 "schema": "zero-course/plan/1",
-                "psi": args.params,
+                "psi": planned.psi,
+                "model": planned.to_dict(),
                 "gpu_memory_bytes": gpu_memory,
                 "model_states_only": True,
                 "stages": rows,
@@ -186,11 +195,14 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def render(psi: int, gpu_memory: int, unit: str, rows: list[dict[str, Any]]) -> str:
+def render(
+    psi: int, gpu_memory: int, unit: str, rows: list[dict[str, Any]], planned: model_choice.PlannedModel | None = None
+) -> str:
     memory_label = show_size(gpu_memory, unit)
     header = (
         f"On how many GPUs of {memory_label} does Ψ = {format_count(psi)} parameters fit? (ZeRO §5, Table 1)\n"
-        f"{MODEL_STATES_NOTE}\n"
+        + (f"{model_choice.model_text(planned)}\n" if planned and planned.shape else "")
+        + f"{MODEL_STATES_NOTE}\n"
         f"{unit} = {'2^30' if unit == 'GiB' else '10^9'} bytes."
     )
     body = table(

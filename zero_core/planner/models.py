@@ -42,8 +42,8 @@ class ModelShape:
     """Key-value heads under grouped-query attention; None: as many as query heads."""
     nominal: str = ""
     """The size the model is published as ("13B"); empty for a shape given on the command line."""
-    facts: tuple[str, ...] = ()
-    """The facts file's entries its numbers come from."""
+    sources: tuple[tuple[str, str], ...] = ()
+    """(field, entry of the facts file) for each number of a preset; GPT-3's FFN width has two entries."""
 
     def __post_init__(self) -> None:
         if self.family not in (LLAMA, GPT):
@@ -53,6 +53,11 @@ class ModelShape:
         bad = [f"{key} {value}" for key, value in sizes.items() if value < 1]
         if bad:
             raise ValueError(f"model {self.name!r}: {', '.join(bad)}: each must be at least 1")
+
+    @property
+    def facts(self) -> tuple[str, ...]:
+        """The facts file's entries its numbers come from, each once."""
+        return tuple(dict.fromkeys(entry for _, entry in self.sources))
 
     @property
     def block_params(self) -> int:
@@ -95,8 +100,8 @@ def _preset(name: str, family: str, nominal: str, **fields: str | tuple[str, ...
     whose product it is (GPT-3's FFN width: Megatron-LM's default multiple of the hidden size)."""
     named = {key: (entries,) if isinstance(entries, str) else entries for key, entries in fields.items()}
     values = {key: int(math.prod(fact(entry).value for entry in entries)) for key, entries in named.items()}
-    names = dict.fromkeys(entry for entries in named.values() for entry in entries)
-    return ModelShape(name, family, nominal=nominal, facts=tuple(names), **values)
+    sources = tuple((key, entry) for key, entries in named.items() for entry in entries)
+    return ModelShape(name, family, nominal=nominal, sources=sources, **values)
 
 
 PRESETS = {
