@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from test_cli_table import run_cli
@@ -156,3 +157,14 @@ def test_unknown_or_contradictory_models_get_one_line_and_exit_2(argv: list[str]
 def test_params_that_agree_with_the_model_are_accepted(capsys) -> None:
     code, out, _ = run_cli(["plan", "--model", "llama-2-7b", "--params", "7B", "--gpu-memory", "80GB"], capsys)
     assert code == 0 and "Ψ = 6.738B parameters fit?" in out
+
+
+@pytest.mark.parametrize("model", [["--params", "70B"], ["--model", "gpt-3-175b"]], ids=["params", "preset"])
+def test_the_ranked_answer_fits_100_columns_and_wide_makes_one_table(model: list[str], capsys) -> None:
+    argv = ["plan", *model, "--gpu-memory", "80GB", "--nodes", "32", "--machine", "dgx-h100"]
+    code, out, _ = run_cli(argv, capsys)
+    assert code == 0 and max(len(line) for line in out.splitlines()) <= 100
+    assert len(re.findall(r"^#\s+configuration", out, re.M)) > 1, "each part repeats # and configuration"
+    _, wide, _ = run_cli([*argv, "--wide"], capsys)
+    assert len(re.findall(r"^#\s+configuration", wide, re.M)) == 1
+    assert max(len(line) for line in wide.splitlines()) > 100

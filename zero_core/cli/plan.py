@@ -21,7 +21,7 @@ from zero_core import configurations, formulas
 from zero_core.cli import configs as config_table
 from zero_core.cli import model_choice
 from zero_core.cli.errors import UsageError
-from zero_core.cli.render import table
+from zero_core.cli.render import WIDTH, fit, table
 from zero_core.cli.table import (
     MODEL_STATES_NOTE,
     check_json_path,
@@ -74,6 +74,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     config_table.add_arguments(p, default_configs="all, and HSDP at S = G, 2G, 4G, ... below N")
     p.add_argument("--json", metavar="PATH", help="also write the answer as JSON")
+    p.add_argument("--wide", action="store_true", help="one table however wide (default: tables fit 100 columns)")
 
 
 def plan_rows(psi: int, gpu_memory: int) -> list[dict[str, Any]]:
@@ -120,17 +121,21 @@ def run_ranked(
         chosen, planned.psi, n_gpus, gpus_per_node, gpu_memory, machine, args.tokens_per_gpu, RING, planned.schedule
     )
     best = config_table.ranked(found)
+    width = None if args.wide else WIDTH
     memory_label = show_size(gpu_memory, unit)
     header = (
         f"Which configuration for Ψ = {format_count(planned.psi)} parameters on {args.nodes} nodes of "
         f"{gpus_per_node} GPUs of {memory_label} (N = {n_gpus})?\n"
         f"{model_choice.model_text(planned)}\n"
-        f"{machine.name}; {args.tokens_per_gpu:,} tokens per GPU per step. {MODEL_STATES_NOTE}\n"
+        f"{machine.name}; {args.tokens_per_gpu:,} tokens per GPU per step.\n{MODEL_STATES_NOTE}\n"
         f"{unit} = {'2^30' if unit == 'GiB' else '10^9'} bytes; traffic is per GPU per step, on flat rings.\n"
         f"{model_choice.assumptions_text(planned, args.tokens_per_gpu, args.machine)}"
     )
     title = "Ranked: the configurations that fit, fastest predicted step first (equal times: less memory first)"
-    parts = [header, config_table.render(best, show_bytes, unit, title, numbered=True) if best else "Nothing fits."]
+    ranking = "Nothing fits."
+    if best:
+        ranking = config_table.render(best, show_bytes, unit, title, numbered=True, width=width)
+    parts = [header, ranking]
     misfits = [r for r in found if not r["fits"]]
     if misfits:
         parts.append(
@@ -144,7 +149,7 @@ def run_ranked(
             f"Answer: {top['label']}, {format_seconds(top['step_s'])} per step, "
             f"{show_bytes(top['gpu_bytes'], unit)} of model states per GPU.\n{config_table.NOTES}"
         )
-    print("\n\n".join(parts))
+    print(fit("\n\n".join(parts), width))
     if json_path is not None:
         write_json(
             json_path,
@@ -178,7 +183,8 @@ def run(args: argparse.Namespace) -> int:
     if args.configs or args.machine or args.gpus_per_node:
         raise UsageError("--configs, --machine and --gpus-per-node rank configurations on --nodes: give --nodes")
     rows = plan_rows(planned.psi, gpu_memory)
-    print(render(planned.psi, gpu_memory, unit, rows, planned))
+    width = None if args.wide else WIDTH
+    print(fit(render(planned.psi, gpu_memory, unit, rows, planned, width), width))
     if json_path is not None:
         write_json(
             json_path,
@@ -196,7 +202,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def render(
-    psi: int, gpu_memory: int, unit: str, rows: list[dict[str, Any]], planned: model_choice.PlannedModel | None = None
+    psi: int,
+    gpu_memory: int,
+    unit: str,
+    rows: list[dict[str, Any]],
+    planned: model_choice.PlannedModel | None = None,
+    width: int | None = None,
 ) -> str:
     memory_label = show_size(gpu_memory, unit)
     header = (
@@ -219,6 +230,7 @@ def render(
             for r in rows
         ],
         title="Smallest data-parallel degree per stage",
+        width=width,
     )
     never = [
         f"ZeRO-{r['stage']} never fits: every GPU keeps {show_bytes(r['replicated_bytes'], unit)} "

@@ -25,7 +25,7 @@ from zero_core.cli import configs as config_table
 from zero_core.cli import model_choice
 from zero_core.cli.compare import add_topology_arguments, link_title, links_asked, topology_of
 from zero_core.cli.errors import UsageError
-from zero_core.cli.render import table
+from zero_core.cli.render import WIDTH, fit, table
 from zero_core.planner.deepspeed_estimators import (
     estimate_zero2_model_states_mem_needs,
     estimate_zero3_model_states_mem_needs,
@@ -135,6 +135,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_topology_arguments(p, "--gpus")
     config_table.add_arguments(p, default_configs=",".join(CONFIG_STAGES))
     p.add_argument("--json", metavar="PATH", help="also write the numbers as JSON")
+    p.add_argument("--wide", action="store_true", help="one table however wide (default: tables fit 100 columns)")
 
 
 def check_json_path(path: str | None) -> Path | None:
@@ -250,6 +251,7 @@ def run(args: argparse.Namespace) -> int:
     gpu_memory = gpu_memory_argument(args.gpu_memory)
     json_path = check_json_path(args.json)
     planned = model_choice.resolve(args)
+    width = None if args.wide else WIDTH
     psi, n_gpus, unit = planned.psi, args.gpus, display_unit(args.gpu_memory)
     machine = config_table.machine_of(args.machine)
     if args.gpus_per_node is None and machine and n_gpus % machine.gpus_per_node == 0:
@@ -274,9 +276,9 @@ def run(args: argparse.Namespace) -> int:
         notes = configurations.formula_notes([c.name for c in chosen])
         assumed = [model_choice.assumptions_text(planned, args.tokens_per_gpu, args.machine)] if machine else []
         text += "\n\n" + "\n".join(
-            [config_table.render(extra, show_bytes, unit, title), *notes, config_table.NOTES, *assumed]
+            [config_table.render(extra, show_bytes, unit, title, width=width), *notes, config_table.NOTES, *assumed]
         )
-    print(text)
+    print(fit(text, width))
     if json_path is not None:
         write_json(
             json_path,
@@ -318,6 +320,7 @@ def render(
 ) -> str:
     memory_label = show_size(gpu_memory, unit)
     bandwidth_label = show_size(args.bandwidth, "GB") + "/s"
+    width = None if getattr(args, "wide", False) else WIDTH
     header = (
         f"ZeRO at scale: Ψ = {format_count(psi)} parameters on N = {n_gpus} GPUs of {memory_label}, "
         f"link {bandwidth_label}, latency {format_seconds(args.latency)}\n"
@@ -338,6 +341,7 @@ def render(
             for r in rows
         ],
         title="Memory per GPU (ZeRO §5, Figure 1)",
+        width=width,
     )
     latency_note = (
         f"\nthe ring's time adds latency × {PAPER_PASSES[0]}(N-1) ring steps (ZeRO-3: {PAPER_PASSES[3]}(N-1)), "
@@ -374,6 +378,7 @@ def render(
             f"fp16, 2 bytes per element; a ring sends (N-1)/N of the buffer per pass, the paper counts N → ∞"
             f"{latency_note}{link_note}"
         ),
+        width=width,
     )
     deepspeed = table(
         ["stage", "paper", "DeepSpeed", "paper/GPU", "DeepSpeed/GPU", "why they differ"],
@@ -391,6 +396,7 @@ def render(
         title=(
             'DeepSpeed\'s estimators beside the paper (no offload; DeepSpeed prints bytes / 2^30 and labels it "GB")'
         ),
+        width=width,
     )
     if not args.largest_layer:
         deepspeed += "\nL = 0: give the largest layer's parameters with --largest-layer to count DeepSpeed's 4L."
