@@ -109,7 +109,8 @@ def test_without_gpus_per_node_the_prediction_uses_the_machines_nodes(tmp_path, 
     argv = ["compare", "--world-size", str(world_size), "--steps", "1", "--preset", "micro", "--stages", "0"]
     assert main([*argv, "--no-progress", "--json", str(out)]) == 0
     text, data = capsys.readouterr().out, json.loads(out.read_text())
-    assert f"N = {world_size} in nodes of {nodes_of} (the machine's; --gpus-per-node sets them)" in text
+    said = f"N = {world_size} in nodes of {nodes_of} (the machine's; --gpus-per-node sets them)"
+    assert said in " ".join(text.split())
     assert data["gpus_per_node"] == world_size, "the run itself is on one node"
     assert data["predicted"]["gpus_per_node"] == nodes_of
     expected = predict(CONFIGURATIONS["zero0"], model_layers(7.5e9, 4096), DGX_A100, world_size, nodes_of)
@@ -187,3 +188,15 @@ def test_the_module_runs_as_a_command() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert "ZeRO-3" in result.stdout and "ZeRO-1" not in result.stdout
+
+
+def test_compare_fits_100_columns_and_wide_keeps_each_table_whole(capsys) -> None:
+    argv = ["compare", "--world-size", "4", "--steps", "1", "--preset", "micro", "--gpus-per-node", "2"]
+    argv += ["--stages", "0,3,offload,zeropp", "--no-progress", "--jobs", "1"]
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert max(len(line) for line in text.splitlines()) <= 100
+    assert main([*argv, "--wide"]) == 0
+    wide = capsys.readouterr().out
+    header = next(line for line in wide.splitlines() if line.startswith("stage") and "measured/GPU" in line)
+    assert header.split()[-1] == "GPU" and "inter-node, busiest GPU" in header and len(header) > 100

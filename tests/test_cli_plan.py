@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 import json
+import re
 
+import pytest
 from test_cli_table import run_cli
+
+from zero_core.configurations import CONFIGURATIONS
+from zero_core.planner.configuration_time import predict, shape_layers
+from zero_core.planner.models import PRESETS
+from zero_core.planner.time_model import DGX_H100
 
 ASK_70B = ["plan", "--params", "70B", "--gpu-memory", "80GB", "--nodes", "32", "--gpus-per-node", "8"]
 
@@ -74,3 +81,90 @@ def test_the_top_level_help_is_for_users_and_fits_100_columns(capsys) -> None:
     code, out, _ = run_cli(["--help"], capsys)
     assert code == 0 and "plan --machine list" in out and "Sizes take their unit" in out
     assert "add_parser" not in out and max(len(line) for line in out.splitlines()) <= 100
+
+
+def test_a_model_preset_gives_psi_from_its_shape_and_prints_the_shape(capsys) -> None:
+    code, out, err = run_cli(["plan", "--model", "llama-2-13b", "--gpu-memory", "80GB"], capsys)
+    assert code == 0 and err == ""
+    assert "Ψ = 13.02B parameters fit?" in out and "llama-2-13b, Ψ = 13.02B from its shape (published as 13B" in out
+    assert "40 layers, hidden 5,120, 40 heads, FFN 13,824, vocabulary 32,000" in " ".join(out.split())
+
+
+def test_the_step_time_uses_the_models_own_shape(tmp_path, capsys) -> None:
+    path = tmp_path / "plan.json"
+    argv = ["plan", "--model", "llama-3-70b", "--gpu-memory", "80GB", "--nodes", "32", "--machine", "dgx-h100"]
+    assert run_cli([*argv, "--configs", "zero3", "--json", str(path)], capsys)[0] == 0
+    data = json.loads(path.read_text())
+    expected = predict(CONFIGURATIONS["zero3"], shape_layers(PRESETS["llama-3-70b"], 4096), DGX_H100, 256, 8)
+    assert data["configurations"][0]["step_s"] == pytest.approx(expected.step_s)
+    assert data["model"]["shape"]["vocabulary"] == 128256 and data["psi"] == PRESETS["llama-3-70b"].psi
+
+
+def test_a_step_time_answer_prints_every_assumption_it_used(tmp_path, capsys) -> None:
+    path = tmp_path / "plan.json"
+    code, out, _ = run_cli([*ASK_70B, "--machine", "dgx-h100", "--json", str(path)], capsys)
+    said = " ".join(out[: out.index("Ranked:")].split())
+    for part in ("80 layers (assumed)", "derived from Ψ", "vocabulary 32,000 (assumed)", "4,096 tokens per GPU",
+                 "reaches 0.4 of its 989 TFLOP/s peak (the course's assumption)", "activations are not counted"):
+        assert part in said, part
+    assumptions = json.loads(path.read_text())["assumptions"]
+    assert assumptions["layers"] == 80 and assumptions["achieved_fraction_assumed"] is True
+    assert assumptions["activations_counted"] is False and "hidden" in assumptions["assumed"]
+
+
+def test_explicit_layers_and_hidden_make_a_gpt_of_that_shape(capsys) -> None:
+    code, out, err = run_cli(["plan", "--layers", "96", "--hidden", "12288", "--vocab", "50257", "--seq-len", "2048",
+                              "--gpu-memory", "80GB"], capsys)
+    assert code == 0 and "a GPT of Ψ = 174.6B from --layers and --hidden" in out
+
+
+def test_the_sequence_is_cut_to_the_tokens_per_gpu_and_says_so(capsys) -> None:
+    argv = ["plan", "--model", "llama-3.1-405b", "--gpu-memory", "80GB", "--nodes", "64", "--machine", "dgx-h100"]
+    _, out, _ = run_cli([*argv, "--configs", "zero3"], capsys)
+    assert "sequences of 4,096 tokens (the model's 131,072, cut to the tokens per GPU)" in " ".join(out.split())
+
+
+def test_model_list_names_each_preset_its_psi_and_a_source_for_every_number_in_100_columns(capsys) -> None:
+    code, out, err = run_cli(["table", "--model", "list"], capsys)
+    assert code == 0 and err == ""
+    blocks = out.strip().split("\n\n")
+    assert [block.split(":")[0] for block in blocks] == [
+        "llama-2-7b", "llama-2-13b", "llama-2-70b", "llama-3-8b", "llama-3-70b", "llama-3.1-405b", "gpt-3-175b"
+    ]
+    assert "gpt-3-175b: Ψ = 174.6B from its shape (published as 175B)" in out
+    said = " ".join(out.split())
+    assert "NVIDIA/Megatron-LM, examples/gpt3/train_gpt3_175b_distributed.sh @ d98e8a64ddf3" in said
+    assert max(len(line) for line in out.splitlines()) <= 100
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--model", "llama-9"], "no preset 'llama-9'; choose one of llama-2-7b"),
+        (["--model", "llama-2-70b", "--params", "13B"], "--params 13B disagrees with --model llama-2-70b"),
+        (["--model", "llama-2-70b", "--layers", "40"], "--model llama-2-70b fixes its shape: drop --layers"),
+        (["--hidden", "4096"], "--hidden needs --layers"),
+        (["--layers", "32", "--hidden", "4096", "--params", "70B"], "disagrees with --layers 32 --hidden 4096"),
+        ([], "give --params PSI, --model NAME"),
+        (["--model", "llama-2-7b", "--seq-len", "0"], "--seq-len"),
+    ],
+)
+def test_unknown_or_contradictory_models_get_one_line_and_exit_2(argv: list[str], message: str, capsys) -> None:
+    code, out, err = run_cli(["plan", "--gpu-memory", "80GB", *argv], capsys)
+    assert code == 2 and out == "" and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_params_that_agree_with_the_model_are_accepted(capsys) -> None:
+    code, out, _ = run_cli(["plan", "--model", "llama-2-7b", "--params", "7B", "--gpu-memory", "80GB"], capsys)
+    assert code == 0 and "Ψ = 6.738B parameters fit?" in out
+
+
+@pytest.mark.parametrize("model", [["--params", "70B"], ["--model", "gpt-3-175b"]], ids=["params", "preset"])
+def test_the_ranked_answer_fits_100_columns_and_wide_makes_one_table(model: list[str], capsys) -> None:
+    argv = ["plan", *model, "--gpu-memory", "80GB", "--nodes", "32", "--machine", "dgx-h100"]
+    code, out, _ = run_cli(argv, capsys)
+    assert code == 0 and max(len(line) for line in out.splitlines()) <= 100
+    assert len(re.findall(r"^#\s+configuration", out, re.M)) > 1, "each part repeats # and configuration"
+    _, wide, _ = run_cli([*argv, "--wide"], capsys)
+    assert len(re.findall(r"^#\s+configuration", wide, re.M)) == 1
+    assert max(len(line) for line in wide.splitlines()) > 100

@@ -341,8 +341,7 @@ def _check_simulated(config: Configuration) -> None:
 _HPZ_NOTE = "hpZ: table counts its 2Ψ/G secondary weights as resident; compare's stage frees them after backward"
 FORMULA_NOTES = {
     "zero2+offload": (
-        "offload: table counts 2Ψ on the GPU (ZeRO-Offload, DeepSpeed); compare's stage also keeps its 2Ψ/N "
-        "gradient shard there"
+        "offload: table counts 2Ψ on the GPU (ZeRO-Offload, DeepSpeed); compare's stage adds 2Ψ/N gradients"
     ),
     "zero3+hpz": _HPZ_NOTE,
     "zeropp": _HPZ_NOTE,

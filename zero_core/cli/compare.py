@@ -24,7 +24,7 @@ from tqdm import tqdm
 from zero_core import configurations, memory
 from zero_core.cli import predicted
 from zero_core.cli.errors import UsageError
-from zero_core.cli.render import mb, table
+from zero_core.cli.render import WIDTH, fit, mb, table
 from zero_core.cluster import MAX_WORLD_SIZE
 from zero_core.experiment import Equivalence, compare_stages, equivalence
 from zero_core.model import PRESETS, count_parameters, preset
@@ -73,6 +73,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--plots", metavar="DIR", help="also write the figures as PNGs into DIR (created if missing)")
     p.add_argument("--trace", metavar="PATH", help="also write the last step as a Chrome trace (open in Perfetto)")
+    p.add_argument("--wide", action="store_true", help="one table however wide (default: tables fit 100 columns)")
 
 
 def add_topology_arguments(p: argparse.ArgumentParser, world_option: str) -> None:
@@ -173,17 +174,18 @@ def run(args: argparse.Namespace) -> int:
     model = preset(args.preset)
     config = TrainConfig(model=model, precision=args.precision, seed=args.seed, zero1_grad_sync=args.zero1_grad_sync)
     psi = count_parameters(model)
-    print(
+    width = None if args.wide else WIDTH
+    print(fit(
         f"ZeRO on {args.world_size} virtual GPUs: {args.preset} GPT, Ψ = {psi:,} parameters, {args.precision}, "
-        f"{args.steps} step(s), micro-batch {model.micro_batch_size}x{model.block_size} per GPU"
-    )
+        f"{args.steps} step(s), micro-batch {model.micro_batch_size}x{model.block_size} per GPU", width
+    ))
     jobs = args.jobs = min(len(stages), args.jobs or default_jobs(len(stages), args.world_size))
     if jobs > 1:
         shares = core_shares(jobs)
-        print(
+        print(fit(
             f"Training {len(stages)} stages {len(shares)} at a time, each in its own process on {_cores(shares)} "
-            f"of this machine's {sum(map(len, shares))} (--jobs; a stage's times are on its cores alone)"
-        )
+            f"of this machine's {sum(map(len, shares))} (--jobs; a stage's times are on its cores alone)", width
+        ))
     with tqdm(
         total=len(stages) * args.steps,
         desc="training",
@@ -201,11 +203,14 @@ def run(args: argparse.Namespace) -> int:
     equivalences = [equivalence(reference, r) for r in reports]
     print()
     links = [link_summary(r, topology, args.collectives) for r in reports] if links_asked(args) else None
-    print(render(reports, equivalences, reference, links=links, topology=topology, algorithm=args.collectives))
+    text = render(
+        reports, equivalences, reference, links=links, topology=topology, algorithm=args.collectives, width=width
+    )
+    print(fit(text, width))
     nodes = predicted.prediction_topology(args.world_size, args.gpus_per_node, args.machine)
     times = predicted.rows(reports, nodes, args)
     print()
-    print(predicted.render(times, nodes, args))
+    print(fit(predicted.render(times, nodes, args, width), width))
     if args.json:
         write_json(
             Path(args.json),
@@ -242,8 +247,10 @@ def render(
     links: list[dict] | None = None,
     topology: Topology | None = None,
     algorithm: str = RING,
+    width: int | None = None,
 ) -> str:
-    """The four tables; `links` (from `link_summary`, one per report) adds intra-/inter-node columns."""
+    """The four tables; `links` (from `link_summary`, one per report) adds intra-/inter-node columns; `width`
+    cuts each table into narrower ones that fit it."""
     psi = reports[0].psi
     title = "Model states per GPU (mean over ranks; padding reported apart) and traffic per GPU per step"
     headers = [
@@ -282,7 +289,7 @@ def render(
                 f"{link['comm_inter_node_psi_per_step_max']:.4f}Ψ",
             ]
     notes = configurations.formula_notes([stage_configuration(r.stage).name for r in reports])
-    states = "\n".join([table(headers, rows, title=title), *notes])
+    states = "\n".join([table(headers, rows, title=title, width=width), *notes])
     same = table(
         [
             "stage",
@@ -302,6 +309,7 @@ def render(
             for e in equivalences
         ],
         title="Equivalence: the same training, whatever the stage",
+        width=width,
     )
     compute = table(
         ["stage", "fwd GFLOP/GPU", "bwd GFLOP/GPU", "optimizer MFLOP/GPU", "step time", "in collectives"],
@@ -321,6 +329,7 @@ def render(
             "the cluster's wall time per step and a rank's time inside collectives; they time this simulation on "
             "this machine's CPU, every rank a thread, not ZeRO on GPUs: `plan --machine` predicts those)"
         ),
+        width=width,
     )
     breakdown = table(
         [
@@ -359,11 +368,14 @@ def render(
             "Memory breakdown per GPU (model states: mean over ranks; peaks: max over ranks, last step, every "
             "storage a rank allocated; untracked: bytes held after the step that no category names)"
         ),
+        width=width,
     )
-    return "\n\n".join([states, same, compute, breakdown, *host_table(reports), *wire_table(reports, links)])
+    return "\n\n".join(
+        [states, same, compute, breakdown, *host_table(reports, width), *wire_table(reports, links, width)]
+    )
 
 
-def host_table(reports: list[StageReport]) -> list[str]:
+def host_table(reports: list[StageReport], width: int | None = None) -> list[str]:
     """ZeRO-Offload's host memory and PCIe copies per GPU, beside its formulas (none without offload)."""
     rows = []
     for r in reports:
@@ -386,10 +398,11 @@ def host_table(reports: list[StageReport]) -> list[str]:
     if not rows:
         return []
     headers = ["stage", "host/GPU", "formula", "PCIe d2h/step", "PCIe h2d/step", "formula"]
-    return [table(headers, rows, title="Host memory and PCIe bytes per GPU (last step; no network bytes)")]
+    title = "Host memory and PCIe bytes per GPU (last step; no network bytes)"
+    return [table(headers, rows, title=title, width=width)]
 
 
-def wire_table(reports: list[StageReport], links: list[dict] | None) -> list[str]:
+def wire_table(reports: list[StageReport], links: list[dict] | None, width: int | None = None) -> list[str]:
     """Bytes sent per GPU per step (last step, overflow flag excluded), with a ZeRO++ quantized stage only:
     its int8 and int4 elements, and its fp32 scales, are no fp16 elements, so the Ψ columns cannot compare
     it. Against ZeRO-3 when it ran: how many times fewer bytes, in all and across nodes (ZeRO++'s "4x")."""
@@ -420,7 +433,7 @@ def wire_table(reports: list[StageReport], links: list[dict] | None) -> list[str
     title = (
         "Bytes on the wire per GPU per step (mean over GPUs; ZeRO++ sends int8 weights, int4 gradients, fp32 scales)"
     )
-    return [table(headers, rows, title=title)]
+    return [table(headers, rows, title=title, width=width)]
 
 
 def link_title(topology: Topology, algorithm: str) -> str:

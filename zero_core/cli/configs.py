@@ -8,6 +8,7 @@ per GPU, bytes sent per GPU per step inside and across nodes, PCIe bytes, the pr
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from typing import Any
 
 from zero_core import configurations
@@ -15,7 +16,7 @@ from zero_core.cli.errors import UsageError
 from zero_core.cli.machines import machine_argument
 from zero_core.cli.render import table
 from zero_core.planner import configuration_time
-from zero_core.planner.time_model import MACHINES, Machine
+from zero_core.planner.time_model import MACHINES, Layer, Machine
 from zero_core.quantized_bytes import QUANT_BLOCK_ELEMENTS
 from zero_core.units import format_seconds
 
@@ -57,11 +58,14 @@ def rows(
     machine: Machine | None,
     tokens_per_gpu: int,
     algorithm: str,
+    schedule: Callable[[int], list[Layer]] | None = None,
 ) -> list[dict[str, Any]]:
-    """One dict per configuration, in bytes and seconds; `step_s` is None without a machine."""
+    """One dict per configuration, in bytes and seconds; `step_s` is None without a machine. `schedule(tokens)`
+    gives the layers a step is timed for (default: a GPT of Ψ, `configuration_time.model_layers`)."""
     if tokens_per_gpu < 1:
         raise UsageError(f"--tokens-per-gpu must be at least 1, got {tokens_per_gpu}")
-    layers = configuration_time.model_layers(psi, tokens_per_gpu) if machine else None
+    schedule = schedule or (lambda tokens: configuration_time.model_layers(psi, tokens))
+    layers = schedule(tokens_per_gpu) if machine else None
     out = []
     for config in configs:
         try:
@@ -109,9 +113,15 @@ def ranked(found: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def render(
-    found: list[dict[str, Any]], show_bytes: Any, unit: str, title: str, numbered: bool = False
+    found: list[dict[str, Any]],
+    show_bytes: Any,
+    unit: str,
+    title: str,
+    numbered: bool = False,
+    width: int | None = None,
 ) -> str:
-    """The rows as a table; `show_bytes(bytes, unit)` formats memory and traffic."""
+    """The rows as a table (cut to `width`, each part led by the configuration); `show_bytes(bytes, unit)` formats
+    memory and traffic."""
     timed = any(r["step_s"] is not None for r in found)
     headers = ["#"] * numbered + ["configuration", "GPU formula", "GPU", "host/GPU", "fits"]
     headers += ["intra-node/GPU", "inter-node/GPU", "inter-node, busiest", "PCIe each way"]
@@ -133,14 +143,14 @@ def render(
             row += [format_seconds(r["step_s"]), format_seconds(r["exposed_comm_s"])]
             row.append(f"{r['tokens_per_s_per_gpu']:,.0f}")
         body.append(row)
-    return table(headers, body, title=title)
+    return table(headers, body, title=title, width=width, keys=1 + numbered)
 
 
 NOTES = (
-    "G = GPUs per node, S = HSDP's shard group. hpZ's 2Ψ/G is its secondary fp16 copy of the weights; qwZ\n"
-    f"and qgZ send int8 and int4 with one fp32 scale per {QUANT_BLOCK_ELEMENTS} elements; offload keeps fp32 "
-    "master weights, Adam\n"
-    "states and the gradient partition on the host (14Ψ/N per GPU) and moves 2Ψ/N over PCIe each way.\n"
-    "Step time: `zero_core.planner.configuration_time` (compute and collectives overlapped per layer, α-β links, host\n"
-    "Adam at the node's DRAM bandwidth); model states only, activations need room on top."
+    "G = GPUs per node, S = HSDP's shard group. hpZ's 2Ψ/G is its secondary fp16 copy of the weights;\n"
+    f"qwZ and qgZ send int8 and int4 with one fp32 scale per {QUANT_BLOCK_ELEMENTS} elements; offload keeps fp32 "
+    "master\nweights, Adam states and the gradient partition on the host (14Ψ/N per GPU) and moves 2Ψ/N over PCIe\n"
+    "each way. Step time: `zero_core.planner.configuration_time` (compute and collectives overlapped per\n"
+    "layer, α-β links, host Adam at the node's DRAM bandwidth); model states only, activations need room\n"
+    "on top."
 )

@@ -19,8 +19,9 @@ from typing import Any
 
 from zero_core import configurations, formulas
 from zero_core.cli import configs as config_table
+from zero_core.cli import model_choice
 from zero_core.cli.errors import UsageError
-from zero_core.cli.render import table
+from zero_core.cli.render import WIDTH, fit, table
 from zero_core.cli.table import (
     MODEL_STATES_NOTE,
     check_json_path,
@@ -34,7 +35,7 @@ from zero_core.cli.table import (
 )
 from zero_core.stages import stage_class
 from zero_core.topology import RING
-from zero_core.units import format_count, format_seconds, parse_count
+from zero_core.units import format_count, format_seconds
 
 POWERS_OF_TWO = tuple(2**i for i in range(21))
 
@@ -61,7 +62,7 @@ def smallest_gpu_count(stage: int, psi: float, gpu_memory_bytes: float) -> int |
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("plan", help="smallest number of GPUs on which each ZeRO stage fits a model")
-    p.add_argument("--params", required=True, type=units_argument(parse_count), help="parameters Ψ, like 13B or 1.3e9")
+    model_choice.add_arguments(p, "13B or 1.3e9")
     p.add_argument("--gpu-memory", required=True, help="memory of one GPU: 80GB (1e9 bytes) or 80GiB")
     p.add_argument(
         "--nodes",
@@ -73,6 +74,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     config_table.add_arguments(p, default_configs="all, and HSDP at S = G, 2G, 4G, ... below N")
     p.add_argument("--json", metavar="PATH", help="also write the answer as JSON")
+    p.add_argument("--wide", action="store_true", help="one table however wide (default: tables fit 100 columns)")
 
 
 def plan_rows(psi: int, gpu_memory: int) -> list[dict[str, Any]]:
@@ -105,7 +107,9 @@ def candidates(n_gpus: int, gpus_per_node: int) -> list[configurations.Configura
     return named + [configurations.Configuration(f"hsdp:{s}", 3, hsdp=True, shard_group=s) for s in sizes]
 
 
-def run_ranked(args: argparse.Namespace, gpu_memory: int, json_path: Any, unit: str) -> int:
+def run_ranked(
+    args: argparse.Namespace, planned: model_choice.PlannedModel, gpu_memory: int, json_path: Any, unit: str
+) -> int:
     """`--nodes`: the configurations that fit M nodes of G GPUs, fastest first on `--machine`."""
     if args.machine is None:
         raise UsageError("--nodes ranks configurations by predicted step time: give --machine too")
@@ -114,18 +118,24 @@ def run_ranked(args: argparse.Namespace, gpu_memory: int, json_path: Any, unit: 
     n_gpus = args.nodes * gpus_per_node
     chosen = config_table.parse(args.configs) if args.configs else candidates(n_gpus, gpus_per_node)
     found = config_table.rows(
-        chosen, args.params, n_gpus, gpus_per_node, gpu_memory, machine, args.tokens_per_gpu, RING
+        chosen, planned.psi, n_gpus, gpus_per_node, gpu_memory, machine, args.tokens_per_gpu, RING, planned.schedule
     )
     best = config_table.ranked(found)
+    width = None if args.wide else WIDTH
     memory_label = show_size(gpu_memory, unit)
     header = (
-        f"Which configuration for Ψ = {format_count(args.params)} parameters on {args.nodes} nodes of "
+        f"Which configuration for Ψ = {format_count(planned.psi)} parameters on {args.nodes} nodes of "
         f"{gpus_per_node} GPUs of {memory_label} (N = {n_gpus})?\n"
-        f"{machine.name}; {args.tokens_per_gpu:,} tokens per GPU per step. {MODEL_STATES_NOTE}\n"
-        f"{unit} = {'2^30' if unit == 'GiB' else '10^9'} bytes; traffic is per GPU per step, on flat rings."
+        f"{model_choice.model_text(planned)}\n"
+        f"{machine.name}; {args.tokens_per_gpu:,} tokens per GPU per step.\n{MODEL_STATES_NOTE}\n"
+        f"{unit} = {'2^30' if unit == 'GiB' else '10^9'} bytes; traffic is per GPU per step, on flat rings.\n"
+        f"{model_choice.assumptions_text(planned, args.tokens_per_gpu, args.machine)}"
     )
     title = "Ranked: the configurations that fit, fastest predicted step first (equal times: less memory first)"
-    parts = [header, config_table.render(best, show_bytes, unit, title, numbered=True) if best else "Nothing fits."]
+    ranking = "Nothing fits."
+    if best:
+        ranking = config_table.render(best, show_bytes, unit, title, numbered=True, width=width)
+    parts = [header, ranking]
     misfits = [r for r in found if not r["fits"]]
     if misfits:
         parts.append(
@@ -139,13 +149,15 @@ def run_ranked(args: argparse.Namespace, gpu_memory: int, json_path: Any, unit: 
             f"Answer: {top['label']}, {format_seconds(top['step_s'])} per step, "
             f"{show_bytes(top['gpu_bytes'], unit)} of model states per GPU.\n{config_table.NOTES}"
         )
-    print("\n\n".join(parts))
+    print(fit("\n\n".join(parts), width))
     if json_path is not None:
         write_json(
             json_path,
             {
                 "schema": "zero-course/plan/2",
-                "psi": args.params,
+                "psi": planned.psi,
+                "model": planned.to_dict(),
+                "assumptions": model_choice.assumptions(planned, args.tokens_per_gpu, args.machine),
                 "gpu_memory_bytes": gpu_memory,
                 "nodes": args.nodes,
                 "gpus_per_node": gpus_per_node,
@@ -165,18 +177,21 @@ def run(args: argparse.Namespace) -> int:
     gpu_memory = gpu_memory_argument(args.gpu_memory)
     json_path = check_json_path(args.json)
     unit = display_unit(args.gpu_memory)
+    planned = model_choice.resolve(args)
     if args.nodes is not None:
-        return run_ranked(args, gpu_memory, json_path, unit)
+        return run_ranked(args, planned, gpu_memory, json_path, unit)
     if args.configs or args.machine or args.gpus_per_node:
         raise UsageError("--configs, --machine and --gpus-per-node rank configurations on --nodes: give --nodes")
-    rows = plan_rows(args.params, gpu_memory)
-    print(render(args.params, gpu_memory, unit, rows))
+    rows = plan_rows(planned.psi, gpu_memory)
+    width = None if args.wide else WIDTH
+    print(fit(render(planned.psi, gpu_memory, unit, rows, planned, width), width))
     if json_path is not None:
         write_json(
             json_path,
             {
                 "schema": "zero-course/plan/1",
-                "psi": args.params,
+                "psi": planned.psi,
+                "model": planned.to_dict(),
                 "gpu_memory_bytes": gpu_memory,
                 "model_states_only": True,
                 "stages": rows,
@@ -186,11 +201,19 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def render(psi: int, gpu_memory: int, unit: str, rows: list[dict[str, Any]]) -> str:
+def render(
+    psi: int,
+    gpu_memory: int,
+    unit: str,
+    rows: list[dict[str, Any]],
+    planned: model_choice.PlannedModel | None = None,
+    width: int | None = None,
+) -> str:
     memory_label = show_size(gpu_memory, unit)
     header = (
         f"On how many GPUs of {memory_label} does Ψ = {format_count(psi)} parameters fit? (ZeRO §5, Table 1)\n"
-        f"{MODEL_STATES_NOTE}\n"
+        + (f"{model_choice.model_text(planned)}\n" if planned and planned.shape else "")
+        + f"{MODEL_STATES_NOTE}\n"
         f"{unit} = {'2^30' if unit == 'GiB' else '10^9'} bytes."
     )
     body = table(
@@ -207,6 +230,7 @@ def render(psi: int, gpu_memory: int, unit: str, rows: list[dict[str, Any]]) -> 
             for r in rows
         ],
         title="Smallest data-parallel degree per stage",
+        width=width,
     )
     never = [
         f"ZeRO-{r['stage']} never fits: every GPU keeps {show_bytes(r['replicated_bytes'], unit)} "

@@ -95,7 +95,7 @@ def rows(reports: list[StageReport], topology: Topology, args: argparse.Namespac
     return out
 
 
-def render(found: list[dict[str, Any]], topology: Topology, args: argparse.Namespace) -> str:
+def render(found: list[dict[str, Any]], topology: Topology, args: argparse.Namespace, width: int | None = None) -> str:
     psi, tokens = args.predict_params, args.tokens_per_gpu
     headers = ["stage", "schedule", "step", "exposed comm"]
     headers += [f"step, Ψ = {format_count(psi)}", "compute", "exposed comm", "tokens/s/GPU"]
@@ -121,4 +121,4 @@ def render(found: list[dict[str, Any]], topology: Topology, args: argparse.Names
         f"overlapped as each schedule allows);\nfirst this run's model, then a GPT of Ψ = {format_count(psi)} at "
         f"{tokens:,} tokens per GPU (--predict-params, --tokens-per-gpu)"
     )
-    return table(headers, body, title=title)
+    return table(headers, body, title=title, width=width)

@@ -22,9 +22,10 @@ from typing import Any
 
 from zero_core import configurations, formulas
 from zero_core.cli import configs as config_table
+from zero_core.cli import model_choice
 from zero_core.cli.compare import add_topology_arguments, link_title, links_asked, topology_of
 from zero_core.cli.errors import UsageError
-from zero_core.cli.render import table
+from zero_core.cli.render import WIDTH, fit, table
 from zero_core.planner.deepspeed_estimators import (
     estimate_zero2_model_states_mem_needs,
     estimate_zero3_model_states_mem_needs,
@@ -111,7 +112,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "table", help="memory and traffic per GPU of ZeRO-0..3 for a model on N GPUs (the paper's formulas)"
     )
-    p.add_argument("--params", required=True, type=units_argument(parse_count), help="parameters Ψ, like 7.5B or 1.3e9")
+    model_choice.add_arguments(p, "7.5B or 1.3e9")
     p.add_argument("--gpus", required=True, type=units_argument(parse_gpu_count), help="data-parallel GPUs N, like 64")
     p.add_argument("--gpu-memory", default="32GB", help="memory of one GPU: 32GB (1e9 bytes) or 40GiB (default 32GB)")
     p.add_argument(
@@ -134,6 +135,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_topology_arguments(p, "--gpus")
     config_table.add_arguments(p, default_configs=",".join(CONFIG_STAGES))
     p.add_argument("--json", metavar="PATH", help="also write the numbers as JSON")
+    p.add_argument("--wide", action="store_true", help="one table however wide (default: tables fit 100 columns)")
 
 
 def check_json_path(path: str | None) -> Path | None:
@@ -248,7 +250,9 @@ def deepspeed_rows(psi: int, n_gpus: int, largest_layer: int | None) -> list[dic
 def run(args: argparse.Namespace) -> int:
     gpu_memory = gpu_memory_argument(args.gpu_memory)
     json_path = check_json_path(args.json)
-    psi, n_gpus, unit = args.params, args.gpus, display_unit(args.gpu_memory)
+    planned = model_choice.resolve(args)
+    width = None if args.wide else WIDTH
+    psi, n_gpus, unit = planned.psi, args.gpus, display_unit(args.gpu_memory)
     machine = config_table.machine_of(args.machine)
     if args.gpus_per_node is None and machine and n_gpus % machine.gpus_per_node == 0:
         args.gpus_per_node = machine.gpus_per_node
@@ -259,9 +263,10 @@ def run(args: argparse.Namespace) -> int:
     if args.configs or machine:
         chosen = config_table.parse(args.configs or ",".join(CONFIG_STAGES))
         extra = config_table.rows(
-            chosen, psi, n_gpus, topology.gpus_per_node, gpu_memory, machine, args.tokens_per_gpu, args.collectives
+            chosen, psi, n_gpus, topology.gpus_per_node, gpu_memory, machine, args.tokens_per_gpu, args.collectives,
+            planned.schedule,
         )
-    text = render(args, psi, n_gpus, gpu_memory, unit, rows, ds_rows, topology)
+    text = render(args, psi, n_gpus, gpu_memory, unit, rows, ds_rows, topology, planned)
     if extra:
         where = f"on {machine.name}, {args.tokens_per_gpu:,} tokens per GPU" if machine else "(no --machine: no times)"
         title = (
@@ -269,8 +274,11 @@ def run(args: argparse.Namespace) -> int:
             f"{link_title(topology, args.collectives)}"
         )
         notes = configurations.formula_notes([c.name for c in chosen])
-        text += "\n\n" + "\n".join([config_table.render(extra, show_bytes, unit, title), *notes, config_table.NOTES])
-    print(text)
+        assumed = [model_choice.assumptions_text(planned, args.tokens_per_gpu, args.machine)] if machine else []
+        text += "\n\n" + "\n".join(
+            [config_table.render(extra, show_bytes, unit, title, width=width), *notes, config_table.NOTES, *assumed]
+        )
+    print(fit(text, width))
     if json_path is not None:
         write_json(
             json_path,
@@ -286,10 +294,13 @@ def run(args: argparse.Namespace) -> int:
                 "collectives": args.collectives,
                 "bytes_per_element": BYTES_PER_ELEMENT,
                 "model_states_only": True,
+                "model": planned.to_dict(),
                 "stages": rows,
                 "deepspeed": ds_rows,
                 **({"machine": machine.name if machine else None, "tokens_per_gpu": args.tokens_per_gpu,
                     "configurations": extra} if extra else {}),
+                **({"assumptions": model_choice.assumptions(planned, args.tokens_per_gpu, args.machine)}
+                   if extra and machine else {}),
             },
         )
         print(f"\nwrote {json_path}")
@@ -305,13 +316,16 @@ def render(
     rows: list[dict[str, Any]],
     ds_rows: list[dict[str, Any]],
     topology: Topology | None = None,
+    planned: model_choice.PlannedModel | None = None,
 ) -> str:
     memory_label = show_size(gpu_memory, unit)
     bandwidth_label = show_size(args.bandwidth, "GB") + "/s"
+    width = None if getattr(args, "wide", False) else WIDTH
     header = (
         f"ZeRO at scale: Ψ = {format_count(psi)} parameters on N = {n_gpus} GPUs of {memory_label}, "
         f"link {bandwidth_label}, latency {format_seconds(args.latency)}\n"
-        f"{MODEL_STATES_NOTE}\n"
+        + (f"{model_choice.model_text(planned)}\n" if planned and planned.shape else "")
+        + f"{MODEL_STATES_NOTE}\n"
         f"{unit} = {'2^30' if unit == 'GiB' else '10^9'} bytes."
     )
     memory = table(
@@ -327,6 +341,7 @@ def render(
             for r in rows
         ],
         title="Memory per GPU (ZeRO §5, Figure 1)",
+        width=width,
     )
     latency_note = (
         f"\nthe ring's time adds latency × {PAPER_PASSES[0]}(N-1) ring steps (ZeRO-3: {PAPER_PASSES[3]}(N-1)), "
@@ -363,6 +378,7 @@ def render(
             f"fp16, 2 bytes per element; a ring sends (N-1)/N of the buffer per pass, the paper counts N → ∞"
             f"{latency_note}{link_note}"
         ),
+        width=width,
     )
     deepspeed = table(
         ["stage", "paper", "DeepSpeed", "paper/GPU", "DeepSpeed/GPU", "why they differ"],
@@ -380,6 +396,7 @@ def render(
         title=(
             'DeepSpeed\'s estimators beside the paper (no offload; DeepSpeed prints bytes / 2^30 and labels it "GB")'
         ),
+        width=width,
     )
     if not args.largest_layer:
         deepspeed += "\nL = 0: give the largest layer's parameters with --largest-layer to count DeepSpeed's 4L."

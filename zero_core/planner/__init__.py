@@ -3,7 +3,8 @@
 The simulator measures a few million parameters on threads; the planner answers for billions on real
 clusters, in closed form. `time_model` predicts a step's time on a named machine (compute and collectives
 on overlapping streams), `configuration_time` does so for the configurations beyond the paper, and
-`deepspeed_estimators` is DeepSpeed's own memory arithmetic to set beside the paper's. The `table` and
+`deepspeed_estimators` is DeepSpeed's own memory arithmetic to set beside the paper's; `models` holds
+the shapes of models people train (`--model`), which the step time reads. The `table` and
 `plan` commands and the lessons on scale read them.
 
 The planner reads formulas (`zero_core.formulas`, `zero_core.configurations`, the ring model of

@@ -22,6 +22,7 @@ simulator never runs, from the closed forms of `zero_core.configurations` alone.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from zero_core.configurations import (
     FP16_BYTES,
@@ -32,6 +33,7 @@ from zero_core.configurations import (
     shard_group_size,
 )
 from zero_core.facts import fact
+from zero_core.planner.models import ModelShape
 from zero_core.planner.time_model import (
     ADAM_BYTES_PER_PARAM,
     Layer,
@@ -57,9 +59,27 @@ def model_layers(
     leave, so the layers sum to Ψ. Sequences of `min(seq_len, tokens)`."""
     if n_layers < 1 or tokens < 1:
         raise ValueError(f"a model needs at least one layer and one token, got {n_layers} layers, {tokens} tokens")
-    hidden = max(1, round((-2 * vocab + math.sqrt(4 * vocab**2 + 48 * n_layers * psi)) / (24 * n_layers)))
+    hidden = gpt_hidden(psi, n_layers, vocab)
     block_params = max(1.0, (psi - 2 * vocab * hidden) / n_layers)
     return transformer_layers(n_layers, block_params, hidden, min(seq_len, tokens), vocab, tokens)
+
+
+def gpt_hidden(psi: float, n_layers: int = DEFAULT_LAYERS, vocab: int = DEFAULT_VOCAB) -> int:
+    """The hidden size h of a GPT of Ψ parameters in `n_layers` blocks: the root of 12·L·h² + 2·V·h = Ψ."""
+    return max(1, round((-2 * vocab + math.sqrt(4 * vocab**2 + 48 * n_layers * psi)) / (24 * n_layers)))
+
+
+def shape_layers(shape: ModelShape, tokens: int, seq_len: int | None = None) -> list[Layer]:
+    """The schedule of a real model (`zero_core.planner.models`): its embedding, its blocks and its head, each
+    with the parameters its shape gives it (they sum to its Ψ), for sequences of `min(seq_len, tokens)`
+    (default: the model's longest)."""
+    if tokens < 1:
+        raise ValueError(f"a step needs at least one token, got {tokens}")
+    seq = min(seq_len or shape.max_sequence, tokens)
+    embedding, *blocks, head = transformer_layers(
+        shape.layers, shape.block_params, shape.hidden, seq, shape.vocabulary, tokens
+    )
+    return [replace(embedding, params=shape.embedding_params), *blocks, replace(head, params=shape.head_params)]
 
 
 def group_seconds(machine: Machine, c: Collective, layer_params: float) -> float:

@@ -1,0 +1,226 @@
+"""Which model `table` and `plan` answer for: `--params`, a preset (`--model NAME`) or a shape of one's own.
+
+Memory needs only Ψ; a predicted step also needs the model's shape (layers, hidden size, vocabulary,
+sequence). `--model NAME` takes a preset of `zero_core.planner.models`, every number of it sourced in the facts
+file, and Ψ from its shape; `--layers L --hidden H` describe a GPT of one's own (`--vocab`, `--seq-len` too);
+`--params` alone keeps the planner's assumed depth, vocabulary and sequence and derives the hidden size from Ψ.
+Whatever was assumed is printed with the answer (`assumptions`) and written to the JSON, so that a reader
+sees what the numbers rest on. `--model list` prints the presets, their shapes and sources.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import textwrap
+from dataclasses import dataclass
+from typing import Any
+
+from zero_core.cli.errors import UsageError
+from zero_core.cli.machines import preset_facts
+from zero_core.facts import fact
+from zero_core.planner import configuration_time
+from zero_core.planner.models import PRESETS, ModelShape, custom_shape
+from zero_core.planner.time_model import MACHINES, Layer
+from zero_core.units import format_count, parse_count
+
+LIST = "list"
+WIDTH = 100
+AGREEMENT = 0.05
+"""How far `--params` may be from a shape's Ψ and still name the same model (Llama-2 7B has 6.74B)."""
+
+
+def _positive(text: str) -> int:
+    if not re.fullmatch(r"\s*\d+\s*", text) or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, like 4096; got {text!r}")
+    return int(text)
+
+
+def _count(text: str) -> int:
+    try:
+        return parse_count(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def presets_text() -> str:
+    """Every preset: its shape, its Ψ against the size it is published as, and the source of each number."""
+    blocks = []
+    for shape in PRESETS.values():
+        lines = [f"{shape.name}: Ψ = {format_count(shape.psi)} from its shape (published as {shape.nominal})"]
+        lines += textwrap.wrap(shape_text(shape), WIDTH, initial_indent="  ", subsequent_indent="  ")
+        by_source: dict[str, list[str]] = {}
+        for field, name in shape.sources:
+            entry = fact(name)
+            by_source.setdefault(entry.cite(), []).append(f"{field.replace('_', ' ')} {entry.value:g}")
+        for cited, figures in by_source.items():
+            text = f"{', '.join(figures)}: {cited}"
+            lines += textwrap.wrap(text, WIDTH, initial_indent="    ", subsequent_indent="      ")
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)
+
+
+class ModelChoice(argparse.Action):
+    """`--model NAME`, or `--model list`, which prints every preset with its sources and exits."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: Any, value: Any, option: Any = None) -> None:
+        if value == LIST:
+            print(presets_text())
+            parser.exit(0)
+        if value not in PRESETS:
+            parser.error(f"argument --model: no preset {value!r}; choose one of {', '.join(PRESETS)} "
+                         f"(--model {LIST} describes them)")
+        setattr(namespace, self.dest, value)
+
+
+def add_arguments(p: argparse.ArgumentParser, example: str) -> None:
+    """--params, --model and the shape flags, shared by `table` and `plan`."""
+    p.add_argument("--params", type=_count, help=f"parameters Ψ, like {example} (or give --model)")
+    p.add_argument(
+        "--model", action=ModelChoice, metavar="NAME",
+        help=f"a model preset: {', '.join(PRESETS)}; Ψ from its shape; `list` describes them and their sources",
+    )
+    p.add_argument("--layers", type=_positive, help="transformer blocks (with --hidden: a GPT of this shape)")
+    p.add_argument("--hidden", type=_positive, help="hidden size (needs --layers)")
+    p.add_argument(
+        "--vocab", type=_positive, help=f"vocabulary (default {configuration_time.DEFAULT_VOCAB:,}, assumed)"
+    )
+    p.add_argument(
+        "--seq-len", type=_positive,
+        help=f"tokens per sequence (default: the model's longest, else {configuration_time.DEFAULT_SEQ_LEN:,})",
+    )
+
+
+@dataclass(frozen=True)
+class PlannedModel:
+    """The model an answer is for: Ψ, the shape when one is known, and what the step time assumes."""
+
+    psi: int
+    shape: ModelShape | None
+    layers: int
+    hidden: int
+    vocabulary: int
+    sequence: int
+    assumed: tuple[str, ...]
+    """Which of layers, hidden, vocabulary and sequence are the planner's assumptions (or derived from Ψ)."""
+
+    def schedule(self, tokens: int) -> list[Layer]:
+        """The layers the time model schedules for `tokens` tokens per GPU."""
+        if self.shape is not None:
+            return configuration_time.shape_layers(self.shape, tokens, self.sequence)
+        return configuration_time.model_layers(self.psi, tokens, self.layers, self.sequence, self.vocabulary)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "psi": self.psi,
+            "preset": self.shape.name if self.shape and self.shape.nominal else None,
+            "shape": self.shape.to_dict() if self.shape else None,
+            "layers": self.layers,
+            "hidden": self.hidden,
+            "vocabulary": self.vocabulary,
+            "sequence": self.sequence,
+            "assumed": list(self.assumed),
+        }
+
+
+def resolve(args: argparse.Namespace) -> PlannedModel:
+    """The model `args` ask for; contradictory or missing input is a UsageError that says what to give."""
+    if args.model:
+        given = [flag for flag, value in (("--layers", args.layers), ("--hidden", args.hidden),
+                                          ("--vocab", args.vocab)) if value]
+        if given:
+            raise UsageError(f"--model {args.model} fixes its shape: drop {', '.join(given)}, or --model to give a "
+                             "shape of your own")
+        return _from_shape(PRESETS[args.model], args, assumed=())
+    if args.hidden and not args.layers:
+        raise UsageError("--hidden needs --layers (a GPT of that shape), or give --params alone")
+    if args.layers and args.hidden:
+        vocab = args.vocab or configuration_time.DEFAULT_VOCAB
+        sequence = args.seq_len or configuration_time.DEFAULT_SEQ_LEN
+        assumed = tuple(name for name, value in (("vocabulary", args.vocab), ("sequence", args.seq_len)) if not value)
+        return _from_shape(custom_shape(args.layers, args.hidden, vocab, sequence), args, assumed)
+    if args.params is None:
+        raise UsageError(f"give --params PSI, --model NAME (--model {LIST} names them) or --layers and --hidden")
+    if args.params < 1:
+        raise UsageError(f"argument --params: a model needs at least one parameter, got {args.params}")
+    layers = args.layers or configuration_time.DEFAULT_LAYERS
+    vocab = args.vocab or configuration_time.DEFAULT_VOCAB
+    sequence = args.seq_len or configuration_time.DEFAULT_SEQ_LEN
+    assumed = ("hidden",) + tuple(
+        name for name, value in (("layers", args.layers), ("vocabulary", args.vocab), ("sequence", args.seq_len))
+        if not value
+    )
+    return PlannedModel(args.params, None, layers, configuration_time.gpt_hidden(args.params, layers, vocab), vocab,
+                        sequence, assumed)
+
+
+def _from_shape(shape: ModelShape, args: argparse.Namespace, assumed: tuple[str, ...]) -> PlannedModel:
+    if args.params is not None and abs(args.params / shape.psi - 1) > AGREEMENT:
+        named = f"--model {shape.name}" if shape.nominal else f"--layers {shape.layers} --hidden {shape.hidden}"
+        raise UsageError(f"--params {format_count(args.params)} disagrees with {named}, whose shape has "
+                         f"Ψ = {format_count(shape.psi)}: give one or the other")
+    sequence = args.seq_len or shape.max_sequence
+    return PlannedModel(shape.psi, shape, shape.layers, shape.hidden, shape.vocabulary, sequence, assumed)
+
+
+def shape_text(shape: ModelShape) -> str:
+    """"80 layers, hidden 8,192, 64 heads (8 key-value), FFN 28,672, vocabulary 32,000, sequences up to 4,096"."""
+    heads = f"{shape.heads} heads" + (f" ({shape.kv_heads} key-value)" if shape.kv_heads else "")
+    parts = [f"{shape.layers} layers", f"hidden {shape.hidden:,}", *([heads] if shape.heads else []),
+             f"FFN {shape.ffn:,}", f"vocabulary {shape.vocabulary:,}", f"sequences up to {shape.max_sequence:,}"]
+    return ", ".join(parts)
+
+
+def model_text(planned: PlannedModel) -> str:
+    """The model line(s) of an answer: Ψ, where it comes from, and the shape."""
+    shape = planned.shape
+    if shape is None:
+        text = f"Model: Ψ = {format_count(planned.psi)} (--params; no shape: --model or --layers/--hidden give one)"
+    elif shape.nominal:
+        text = (f"Model: {shape.name}, Ψ = {format_count(planned.psi)} from its shape (published as {shape.nominal}; "
+                f"--model list gives the sources): {shape_text(shape)}")
+    else:
+        text = f"Model: a GPT of Ψ = {format_count(planned.psi)} from --layers and --hidden: {shape_text(shape)}"
+    return "\n".join(textwrap.wrap(text, WIDTH, subsequent_indent="  "))
+
+
+def assumptions(planned: PlannedModel, tokens: int, machine_name: str) -> dict[str, Any]:
+    """What a predicted step time rests on, for the JSON."""
+    machine = MACHINES[machine_name]
+    fraction = [f for figure, f in preset_facts(machine_name) if figure == "achieved_fraction"]
+    return {
+        "layers": planned.layers,
+        "hidden": planned.hidden,
+        "vocabulary": planned.vocabulary,
+        "sequence": min(planned.sequence, tokens),
+        "tokens_per_gpu": tokens,
+        "assumed": list(planned.assumed),
+        "machine": machine_name,
+        "achieved_fraction": machine.achieved_fraction,
+        "achieved_fraction_assumed": bool(fraction and fraction[0].assumption),
+        "peak_tflops": machine.peak_tflops,
+        "activations_counted": False,
+    }
+
+
+def assumptions_text(planned: PlannedModel, tokens: int, machine_name: str) -> str:
+    """The step time's assumptions in a few lines: shape, sequence, tokens, the machine's achieved fraction."""
+    a = assumptions(planned, tokens, machine_name)
+
+    def mark(name: str, text: str) -> str:
+        why = "derived from Ψ" if name == "hidden" else "assumed"
+        return f"{text} ({why})" if name in planned.assumed else text
+
+    sequence = f"sequences of {a['sequence']:,} tokens"
+    if planned.sequence > tokens:
+        sequence += f" (the model's {planned.sequence:,}, cut to the tokens per GPU)"
+    parts = [
+        mark("layers", f"{a['layers']} layers"), mark("hidden", f"hidden {a['hidden']:,}"),
+        mark("vocabulary", f"vocabulary {a['vocabulary']:,}"), mark("sequence", sequence),
+        f"{tokens:,} tokens per GPU per step (--tokens-per-gpu)",
+        f"{machine_name} reaches {a['achieved_fraction']:g} of its {a['peak_tflops']:g} TFLOP/s peak"
+        + (" (the course's assumption)" if a["achieved_fraction_assumed"] else " (from a measured run)"),
+        "activations are not counted",
+    ]
+    text = "Step time assumes: " + "; ".join(parts) + "."
+    return "\n".join(textwrap.wrap(text, WIDTH, subsequent_indent="  "))
