@@ -19,7 +19,7 @@ from zero_core.stages import TrainConfig
 
 CONFIG = TrainConfig(model=preset("micro"))
 FP16 = TrainConfig(model=preset("micro"), precision="fp16", init_loss_scale=2.0**17)
-"""At this initial scale the first step overflows in the last layer's gradient only: on 4 ranks, in rank 3's shard."""
+"""At this initial scale the first step's overflowing gradient elements all lie in rank 3's chunks (on 4 ranks)."""
 N, STEPS = 4, 3
 
 

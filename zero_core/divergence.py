@@ -1,11 +1,12 @@
 """Why production runs diverge: the bit-identical training broken on purpose, one cause at a time.
 
-The course's stages train to the same bits because of three contracts (`docs/modules.md`): every reduction
-adds the ranks' values in rank order with fp32 partial sums and divides by N once; every rank clips by the
-norm of the whole gradient; every rank takes or skips a step on the verdict of all of them. Real systems
-keep these contracts only in part, and users meet the difference as loss curves that drift apart
-(DeepSpeed#966, #1945, #4815, #5898; accelerate#3877; pytorch#88621). `Switches` breaks one contract at a
-time on the virtual cluster, as a real variant of ZeRO-2's gradient path or step:
+The course's stages train to the same bits because of three contracts (the first in `docs/modules.md`, the
+others in lesson 7): every reduction adds the ranks' values in rank order with fp32 partial sums and divides
+by N once; every rank clips by the norm of the whole gradient; every rank takes or skips a step on the
+verdict of all of them. Real systems keep these contracts only in part, and users meet the difference as
+loss curves that drift apart (DeepSpeed#966, #1945, #4815, #5898; accelerate#3877; pytorch#88621).
+`Switches` breaks one contract at a time on the virtual cluster, as a real variant of ZeRO-2's gradient
+path or step:
 
 - `order="ring"`: each rank's chunk is summed in ring order, starting on the next rank and ending on its
   owner, as a ring reduce-scatter adds along its hops; `sum_in_fp32=False`: each partial sum is rounded to
@@ -13,7 +14,7 @@ time on the virtual cluster, as a real variant of ZeRO-2's gradient path or step
 - `predivide=True`: every rank divides its gradient by N before the sum, in the gradient's dtype, instead
   of the sum being divided once (DeepSpeed's `gradient_predivide_factor`, `prescale_gradients`);
 - `every_backward_a_boundary=True`: each micro-batch's reduced gradient replaces the shard instead of
-  adding to it, so only the last micro-batch of an optimizer step survives (allenai/open-instruct#1498);
+  adding to it, so only the last micro-batch of an optimizer step survives (allenai/open-instruct PR #1498);
 - `clip_on_local_norm=True`: each rank clips its shard by that shard's norm, what
   `torch.nn.utils.clip_grad_norm_` computes on sharded parameters (pytorch#72548, #170862);
 - `overflow_verdict_alone=True`: each rank checks only its own gradient shard for inf/NaN, so one rank
