@@ -58,7 +58,7 @@ LAYERS = (
     ("registry",),
     ("stages",),
     ("variants", "answers"),
-    ("experiment", "report", "stage_pool", "oracle"),
+    ("experiment", "report", "stage_pool", "oracle", "divergence"),
     ("planner",),
     ("cli", "plots", "trace", "launch", "fsdp2_layout", "__main__"),
 )

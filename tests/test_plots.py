@@ -122,3 +122,17 @@ def test_compare_writes_plots_and_a_trace(tmp_path, capsys) -> None:
     assert names == EXPECTED_FILES - {"memory_timeline_zero1.png", "memory_timeline_zero2.png"}
     assert {e["pid"] for e in json.loads(trace.read_text())["traceEvents"]} == {0, 3}
     assert "wrote 6 figures" in capsys.readouterr().out
+
+
+def test_divergence_curves_draw_each_broken_run_on_log_axes_and_name_a_run_that_never_diverged() -> None:
+    from zero_core.divergence import Divergence
+
+    fig = plots.divergence_curves(
+        {"broken": Divergence([0.0, 1e-4, 3e-4], [0.0, 1e-3, 2e-3]), "restored": Divergence([0.0] * 3, [0.0] * 3)}
+    )
+    assert png_bytes(fig).startswith(PNG_SIGNATURE)
+    assert_labelled(fig)
+    loss, master = fig.axes
+    assert loss.get_yscale() == master.get_yscale() == "log"
+    assert list(master.lines[0].get_xdata()) == [1, 2] and len(master.lines[1].get_xdata()) == 0
+    assert [t.get_text() for t in loss.get_legend().get_texts()] == ["broken", "restored (0.0 at every step)"]

@@ -8,7 +8,7 @@ CLI can draw at once; in a notebook, a returned Figure displays itself. `save_al
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from matplotlib.axes import Axes
@@ -17,6 +17,7 @@ from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from zero_core import formulas, memory
 from zero_core.configurations import simulated_gpu_formula
+from zero_core.divergence import Divergence
 from zero_core.report import StageReport, stage_configuration
 from zero_core.stages import stage_class
 from zero_core.units import format_count
@@ -349,6 +350,31 @@ def loss_curves(reports: Sequence[StageReport]) -> Figure:
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_title(f"Loss per step: the stages coincide (N = {reports[0].world_size})")
     ax.legend(fontsize=8)
+    return fig
+
+
+def divergence_curves(divergences: Mapping[str, Divergence]) -> Figure:
+    """Each broken run's |Δ loss| and largest |Δ fp32 master weight| per step against its reference, on log axes.
+
+    A step with no difference (0.0) has no place on a log axis and is left out: a run that never diverges
+    draws nothing, and its legend entry says so.
+    """
+    fig = _new_figure(11.0, 4.5)
+    axes = fig.subplots(1, 2, sharex=True)
+    for index, (name, d) in enumerate(divergences.items()):
+        color = f"C{index % 10}"
+        label = f"{name} (0.0 at every step)" if d.bit_identical else name
+        for ax, deltas in zip(axes, (d.loss_deltas, d.master_deltas), strict=True):
+            steps = [step for step, delta in enumerate(deltas) if delta > 0.0]
+            ax.plot(steps, [deltas[step] for step in steps], marker="o", markersize=4, color=color, label=label)
+    for ax, what in zip(axes, ("|Δ loss| (nats)", "max |Δ fp32 master weight|"), strict=True):
+        ax.set_yscale("log")
+        ax.set_xlabel("step")
+        ax.set_ylabel(what)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    axes[0].set_title("Loss against the bit-identical run")
+    axes[1].set_title("Master weights against the bit-identical run")
+    axes[0].legend(fontsize=8)
     return fig
 
 
