@@ -21,14 +21,25 @@ from pathlib import Path
 import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
-LEFT_OUT = (".venv", ".git", "out", "work", "gradebook.db", "__pycache__", ".pytest_cache", ".ruff_cache")
+
+
+def git_ignored() -> tuple[str, ...]:
+    """The patterns of the course's .gitignore, as `shutil.ignore_patterns` takes them (anchors and trailing
+    slashes dropped): what a fresh clone does not have, the venvs of the torch edge jobs (5 to 11 GB each)
+    and the instructor's secret included."""
+    lines = (line.strip() for line in (ROOT / ".gitignore").read_text().splitlines())
+    return tuple(line.strip("/") for line in lines if line and not line.startswith("#"))
+
+
+LEFT_OUT = (".git", *git_ignored())
 LAB_URL = re.compile(r"(http://127\.0\.0\.1:\d+)(/lab\S*)\?token=(\w+)")
 PRINTED: dict[str, str] = {}
 """What the last `started_lab` read: the printed URL's path, and the server's PATH (its terminals')."""
 
 
 def copy_course(destination: Path) -> Path:
-    """The course's files (not its venv, history or students' work) at `destination`, sharing the venv."""
+    """The course's files as a fresh clone has them (nothing git ignores: no venv, students' work or secret;
+    no history) at `destination`, sharing the venv."""
     shutil.copytree(ROOT, destination, ignore=shutil.ignore_patterns(*LEFT_OUT), copy_function=shutil.copy2)
     (destination / ".venv").symlink_to(ROOT / ".venv")
     stamp = (ROOT / ".venv" / ".installed").stat().st_mtime

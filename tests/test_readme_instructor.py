@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shutil
 import sqlite3
 import subprocess
 import time
@@ -19,7 +20,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from course_copy import PRINTED, ROOT, copy_course, started_lab
+from course_copy import LEFT_OUT, PRINTED, ROOT, copy_course, started_lab
 from readme_text import shell_commands
 
 EX05 = "ex05_memory_planning"
@@ -39,6 +40,15 @@ def test_the_self_study_check_command_grades_the_learner_s_copy_as_the_readme_sa
     done = subprocess.run(command, shell=True, cwd=course, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 1, done.stderr  # graded, points lost: as the README says
     assert done.stdout.splitlines()[-1] == "total: 0/10 points"
+
+
+def test_a_copy_of_the_course_leaves_out_what_git_ignores_the_edge_torch_venvs_above_all() -> None:
+    """A checkout that ran `CI=true make test` holds two venvs of the CUDA build of torch (11 GB each): copied
+    into every course copy, they filled the disk."""
+    names = [".venv", ".venv-oldest-torch", ".venv-newest-torch", "out", "work", ".grading-secret", "gradebook.db",
+             "zero_course.egg-info", ".git", "zero_core", "README.md", "lessons"]
+    left_out = shutil.ignore_patterns(*LEFT_OUT)(str(ROOT), names)
+    assert sorted(set(names) - left_out) == ["README.md", "lessons", "zero_core"]
 
 
 def hand_in(course: Path, student: str, notebook_text: str) -> None:
