@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from zero_core import configurations
+from zero_core.cli import whole
 from zero_core.cli.errors import UsageError
 from zero_core.cli.machines import machine_argument
 from zero_core.cli.render import table
@@ -36,6 +37,7 @@ def add_arguments(p: argparse.ArgumentParser, default_configs: str) -> None:
         default=DEFAULT_TOKENS_PER_GPU,
         help=f"tokens each GPU trains per step, for step times (default {DEFAULT_TOKENS_PER_GPU})",
     )
+    whole.add_arguments(p)
 
 
 def parse(text: str, option: str = "--configs") -> list[configurations.Configuration]:
@@ -59,13 +61,19 @@ def rows(
     tokens_per_gpu: int,
     algorithm: str,
     schedule: Callable[[int], list[Layer]] | None = None,
+    setup: whole.Setup | None = None,
 ) -> list[dict[str, Any]]:
     """One dict per configuration, in bytes and seconds; `step_s` is None without a machine. `schedule(tokens)`
-    gives the layers a step is timed for (default: a GPT of Ψ, `configuration_time.model_layers`)."""
+    gives the layers a step is timed for (default: a GPT of Ψ, `configuration_time.model_layers`). With a
+    `setup` (`zero_core.cli.whole`), each row gains its whole memory, judged on the total, and its step in parts,
+    timed with the recomputation its checkpointing adds."""
     if tokens_per_gpu < 1:
         raise UsageError(f"--tokens-per-gpu must be at least 1, got {tokens_per_gpu}")
     schedule = schedule or (lambda tokens: configuration_time.model_layers(psi, tokens))
-    layers = schedule(tokens_per_gpu) if machine else None
+    model_layers = schedule(tokens_per_gpu) if machine or setup else None
+    layers = model_layers
+    if setup and machine:
+        layers = whole.timed_layers(model_layers, setup, tokens_per_gpu)
     out = []
     for config in configs:
         try:
@@ -78,6 +86,11 @@ def rows(
             raise UsageError(f"--configs: {error}") from None
         host_per_node = cost.host_bytes * gpus_per_node
         host_fits = not machine or not machine.host_memory_bytes or host_per_node <= machine.host_memory_bytes
+        extra = {}
+        if setup:
+            extra = whole.terms(config, cost.gpu_bytes, psi, n_gpus, gpu_memory, setup, model_layers, prediction,
+                                machine, tokens_per_gpu)
+        gpu_total = extra.get("total_gpu_bytes", cost.gpu_bytes)
         out.append(
             {
                 "config": config.name,
@@ -89,7 +102,7 @@ def rows(
                 "gpu_bytes": cost.gpu_bytes,
                 "host_bytes_per_gpu": cost.host_bytes,
                 "host_bytes_per_node": host_per_node,
-                "fits": cost.gpu_bytes <= gpu_memory and host_fits,
+                "fits": gpu_total <= gpu_memory and host_fits,
                 "comm_bytes_intra_node": cost.intra_node_bytes,
                 "comm_bytes_inter_node": cost.inter_node_bytes,
                 "comm_bytes_inter_node_max": cost.inter_node_bytes_max,
@@ -99,6 +112,7 @@ def rows(
                 "compute_s": prediction.compute_s if prediction else None,
                 "exposed_comm_s": prediction.exposed_comm_s if prediction else None,
                 "tokens_per_s_per_gpu": tokens_per_gpu / prediction.step_s if prediction else None,
+                **extra,
             }
         )
     return out
@@ -128,7 +142,7 @@ def render(
     headers += ["step time", "exposed comm", "tokens/s/GPU"] * timed
     body = []
     for rank, r in enumerate(found, start=1):
-        row = [str(rank)] * numbered + [
+        row = [str(r.get("rank", rank))] * numbered + [
             r["label"],
             r["gpu_formula"],
             show_bytes(r["gpu_bytes"], unit),
@@ -151,6 +165,5 @@ NOTES = (
     f"qwZ and qgZ send int8 and int4 with one fp32 scale per {QUANT_BLOCK_ELEMENTS} elements; offload keeps fp32 "
     "master\nweights, Adam states and the gradient partition on the host (14Ψ/N per GPU) and moves 2Ψ/N over PCIe\n"
     "each way. Step time: `zero_core.planner.configuration_time` (compute and collectives overlapped per\n"
-    "layer, α-β links, host Adam at the node's DRAM bandwidth); model states only, activations need room\n"
-    "on top."
+    "layer, α-β links, host Adam at the node's DRAM bandwidth)."
 )

@@ -184,7 +184,9 @@ def model_text(planned: PlannedModel) -> str:
     return "\n".join(textwrap.wrap(text, WIDTH, subsequent_indent="  "))
 
 
-def assumptions(planned: PlannedModel, tokens: int, machine_name: str) -> dict[str, Any]:
+def assumptions(
+    planned: PlannedModel, tokens: int, machine_name: str, checkpointing: str | None = None
+) -> dict[str, Any]:
     """What a predicted step time rests on, for the JSON."""
     machine = MACHINES[machine_name]
     fraction = [f for figure, f in preset_facts(machine_name) if figure == "achieved_fraction"]
@@ -199,13 +201,15 @@ def assumptions(planned: PlannedModel, tokens: int, machine_name: str) -> dict[s
         "achieved_fraction": machine.achieved_fraction,
         "achieved_fraction_assumed": bool(fraction and fraction[0].assumption),
         "peak_tflops": machine.peak_tflops,
-        "activations_counted": False,
+        "activations_counted": checkpointing is not None,
+        "checkpointing": checkpointing,
     }
 
 
-def assumptions_text(planned: PlannedModel, tokens: int, machine_name: str) -> str:
-    """The step time's assumptions in a few lines: shape, sequence, tokens, the machine's achieved fraction."""
-    a = assumptions(planned, tokens, machine_name)
+def assumptions_text(planned: PlannedModel, tokens: int, machine_name: str, checkpointing: str | None = None) -> str:
+    """The step time's assumptions in a few lines: shape, sequence, tokens, the machine's achieved fraction, and
+    the checkpointing whose recomputation the step includes (None: activations not counted)."""
+    a = assumptions(planned, tokens, machine_name, checkpointing)
 
     def mark(name: str, text: str) -> str:
         why = "derived from Ψ" if name == "hidden" else "assumed"
@@ -220,7 +224,8 @@ def assumptions_text(planned: PlannedModel, tokens: int, machine_name: str) -> s
         f"{tokens:,} tokens per GPU per step (--tokens-per-gpu)",
         f"{machine_name} reaches {a['achieved_fraction']:g} of its {a['peak_tflops']:g} TFLOP/s peak"
         + (" (the course's assumption)" if a["achieved_fraction_assumed"] else " (from a measured run)"),
-        "activations are not counted",
+        f"{checkpointing} activation checkpointing (--checkpointing), its recomputation timed"
+        if checkpointing else "activations are not counted",
     ]
     text = "Step time assumes: " + "; ".join(parts) + "."
     return "\n".join(textwrap.wrap(text, WIDTH, subsequent_indent="  "))

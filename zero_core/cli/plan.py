@@ -19,7 +19,7 @@ from typing import Any
 
 from zero_core import configurations, formulas
 from zero_core.cli import configs as config_table
-from zero_core.cli import model_choice
+from zero_core.cli import model_choice, whole
 from zero_core.cli.errors import UsageError
 from zero_core.cli.render import WIDTH, fit, table
 from zero_core.cli.table import (
@@ -38,6 +38,10 @@ from zero_core.topology import RING
 from zero_core.units import format_count, format_seconds
 
 POWERS_OF_TWO = tuple(2**i for i in range(21))
+WHOLE_MEMORY_NOTE = (
+    "Memory is the whole per GPU: model states (fp16 parameters and gradients, fp32 Adam: 16 bytes per\n"
+    "parameter, K = 12), activations, the stage's buffers and an allowance; a configuration fits on the total."
+)
 
 
 def replicated_and_partitioned_bytes(stage: int, psi: float) -> tuple[float, float]:
@@ -117,38 +121,41 @@ def run_ranked(
     gpus_per_node = args.gpus_per_node or machine.gpus_per_node
     n_gpus = args.nodes * gpus_per_node
     chosen = config_table.parse(args.configs) if args.configs else candidates(n_gpus, gpus_per_node)
+    setup = whole.setup(args, planned, args.tokens_per_gpu)
     found = config_table.rows(
-        chosen, planned.psi, n_gpus, gpus_per_node, gpu_memory, machine, args.tokens_per_gpu, RING, planned.schedule
+        chosen, planned.psi, n_gpus, gpus_per_node, gpu_memory, machine, args.tokens_per_gpu, RING, planned.schedule,
+        setup,
     )
     best = config_table.ranked(found)
+    error, basis = whole.rank(best, planned.psi)
     width = None if args.wide else WIDTH
     memory_label = show_size(gpu_memory, unit)
     header = (
         f"Which configuration for Ψ = {format_count(planned.psi)} parameters on {args.nodes} nodes of "
         f"{gpus_per_node} GPUs of {memory_label} (N = {n_gpus})?\n"
         f"{model_choice.model_text(planned)}\n"
-        f"{machine.name}; {args.tokens_per_gpu:,} tokens per GPU per step.\n{MODEL_STATES_NOTE}\n"
+        f"{machine.name}; {args.tokens_per_gpu:,} tokens per GPU per step.\n{WHOLE_MEMORY_NOTE}\n"
         f"{unit} = {'2^30' if unit == 'GiB' else '10^9'} bytes; traffic is per GPU per step, on flat rings.\n"
-        f"{model_choice.assumptions_text(planned, args.tokens_per_gpu, args.machine)}"
+        f"{model_choice.assumptions_text(planned, args.tokens_per_gpu, args.machine, setup.checkpointing)}"
     )
-    title = "Ranked: the configurations that fit, fastest predicted step first (equal times: less memory first)"
+    title = (
+        "Ranked: the configurations that fit, fastest predicted step first (equal times: less memory first); times "
+        f"within the time model's measured error, {error:.0%} ({basis}), share a rank"
+    )
     ranking = "Nothing fits."
     if best:
         ranking = config_table.render(best, show_bytes, unit, title, numbered=True, width=width)
-    parts = [header, ranking]
+    parts = [header, ranking, whole.render(best + [r for r in found if not r["fits"]], setup, gpu_memory,
+                                           args.tokens_per_gpu, width, numbered=True, unit=unit)]
     misfits = [r for r in found if not r["fits"]]
     if misfits:
         parts.append(
             "Do not fit: "
-            + "; ".join(f"{r['label']} ({show_bytes(r['gpu_bytes'], unit)} per GPU)" for r in misfits)
+            + "; ".join(f"{r['label']} ({show_bytes(r['total_gpu_bytes'], unit)} per GPU)" for r in misfits)
             + "."
         )
     if best:
-        top = best[0]
-        parts.append(
-            f"Answer: {top['label']}, {format_seconds(top['step_s'])} per step, "
-            f"{show_bytes(top['gpu_bytes'], unit)} of model states per GPU.\n{config_table.NOTES}"
-        )
+        parts.append(f"{answer_text(best, setup, unit)}\n{whole.notes(found, setup)}\n{config_table.NOTES}")
     print(fit("\n\n".join(parts), width))
     if json_path is not None:
         write_json(
@@ -157,15 +164,20 @@ def run_ranked(
                 "schema": "zero-course/plan/2",
                 "psi": planned.psi,
                 "model": planned.to_dict(),
-                "assumptions": model_choice.assumptions(planned, args.tokens_per_gpu, args.machine),
+                "assumptions": model_choice.assumptions(planned, args.tokens_per_gpu, args.machine,
+                                                        setup.checkpointing),
                 "gpu_memory_bytes": gpu_memory,
                 "nodes": args.nodes,
                 "gpus_per_node": gpus_per_node,
                 "n_gpus": n_gpus,
                 "machine": machine.name,
                 "tokens_per_gpu": args.tokens_per_gpu,
-                "model_states_only": True,
+                "model_states_only": False,
+                "whole": setup.to_dict(),
+                "time_model_error": error,
+                "time_model_error_basis": basis,
                 "ranked": [r["config"] for r in best],
+                "ranks": [r.get("rank") for r in best],
                 "configurations": found,
             },
         )
@@ -246,3 +258,16 @@ def _power_of_two(row: dict[str, Any]) -> str:
         return "never"
     power = row["smallest_power_of_two"]
     return str(power) if power else f"> {POWERS_OF_TWO[-1]:,}"
+
+
+def answer_text(best: list[dict[str, Any]], setup: whole.Setup, unit: str) -> str:
+    """The answer: the fastest configuration's total memory and step, and those tied with it."""
+    top, step = best[0], best[0]["step"]
+    tied = [r["label"] for r in best[1:] if r.get("rank") == top.get("rank")]
+    return (
+        f"Answer: {top['label']}, {show_bytes(top['total_gpu_bytes'], unit)} per GPU in all "
+        f"({show_bytes(top['gpu_bytes'], unit)} of model states, {setup.checkpointing} checkpointing), "
+        f"{format_seconds(step['step_s'])} per step, MFU {step['mfu']:.1%}, "
+        f"{step['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU, bound by {step['bound']}"
+        + (f"; tied within the time model's error with {', '.join(tied)}." if tied else ".")
+    )

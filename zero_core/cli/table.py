@@ -22,7 +22,7 @@ from typing import Any
 
 from zero_core import configurations, formulas
 from zero_core.cli import configs as config_table
-from zero_core.cli import model_choice
+from zero_core.cli import model_choice, whole
 from zero_core.cli.compare import add_topology_arguments, link_title, links_asked, topology_of
 from zero_core.cli.errors import UsageError
 from zero_core.cli.render import WIDTH, fit, table
@@ -262,9 +262,10 @@ def run(args: argparse.Namespace) -> int:
     extra = []
     if args.configs or machine:
         chosen = config_table.parse(args.configs or ",".join(CONFIG_STAGES))
+        setup = whole.setup(args, planned, args.tokens_per_gpu)
         extra = config_table.rows(
             chosen, psi, n_gpus, topology.gpus_per_node, gpu_memory, machine, args.tokens_per_gpu, args.collectives,
-            planned.schedule,
+            planned.schedule, setup,
         )
     text = render(args, psi, n_gpus, gpu_memory, unit, rows, ds_rows, topology, planned)
     if extra:
@@ -274,9 +275,13 @@ def run(args: argparse.Namespace) -> int:
             f"{link_title(topology, args.collectives)}"
         )
         notes = configurations.formula_notes([c.name for c in chosen])
-        assumed = [model_choice.assumptions_text(planned, args.tokens_per_gpu, args.machine)] if machine else []
+        assumed = [model_choice.assumptions_text(planned, args.tokens_per_gpu, args.machine, setup.checkpointing)
+                   ] if machine else []
         text += "\n\n" + "\n".join(
             [config_table.render(extra, show_bytes, unit, title, width=width), *notes, config_table.NOTES, *assumed]
+        )
+        text += "\n\n" + "\n".join(
+            [whole.render(extra, setup, gpu_memory, args.tokens_per_gpu, width, unit=unit), whole.notes(extra, setup)]
         )
     print(fit(text, width))
     if json_path is not None:
@@ -298,8 +303,9 @@ def run(args: argparse.Namespace) -> int:
                 "stages": rows,
                 "deepspeed": ds_rows,
                 **({"machine": machine.name if machine else None, "tokens_per_gpu": args.tokens_per_gpu,
-                    "configurations": extra} if extra else {}),
-                **({"assumptions": model_choice.assumptions(planned, args.tokens_per_gpu, args.machine)}
+                    "whole": setup.to_dict(), "configurations": extra} if extra else {}),
+                **({"assumptions": model_choice.assumptions(planned, args.tokens_per_gpu, args.machine,
+                                                            setup.checkpointing)}
                    if extra and machine else {}),
             },
         )
