@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import re
 import textwrap
+from collections.abc import Callable
 from typing import Any
 
 from zero_core.facts import Fact, facts
@@ -58,22 +59,27 @@ def machines_text() -> str:
     return "\n\n".join(describe(name, MACHINES[name]) for name in sorted(MACHINES))
 
 
-class MachineChoice(argparse.Action):
-    """`--machine NAME`, or `--machine list`, which prints every preset with its sources and exits."""
+def preset_choice(option: str, names: list[str], describe_all: Callable[[], str]) -> type[argparse.Action]:
+    """The action of `OPTION NAME` (one of `names`) or `OPTION list`, which prints `describe_all()` and exits:
+    `--machine` here, `--model` in `zero_core.cli.model_choice`."""
 
-    def __call__(self, parser: argparse.ArgumentParser, namespace: Any, value: Any, option: Any = None) -> None:
-        if value == LIST:
-            print(machines_text())
-            parser.exit(0)
-        if value not in MACHINES:
-            parser.error(f"argument --machine: no preset {value!r}; choose one of {', '.join(sorted(MACHINES))} "
-                         f"(--machine {LIST} describes them)")
-        setattr(namespace, self.dest, value)
+    class PresetChoice(argparse.Action):
+        def __call__(self, parser: argparse.ArgumentParser, namespace: Any, value: Any, given: Any = None) -> None:
+            if value == LIST:
+                print(describe_all())
+                parser.exit(0)
+            if value not in names:
+                parser.error(f"argument {option}: no preset {value!r}; choose one of {', '.join(names)} "
+                             f"({option} {LIST} describes them)")
+            setattr(namespace, self.dest, value)
+
+    return PresetChoice
 
 
 def machine_argument(parser: argparse.ArgumentParser, help_text: str, **options: Any) -> None:
     """Add `--machine` to `parser`: a preset's short name, or `list`."""
     parser.add_argument(
-        "--machine", action=MachineChoice, metavar="{" + ",".join([*sorted(MACHINES), LIST]) + "}",
+        "--machine", action=preset_choice("--machine", sorted(MACHINES), machines_text),
+        metavar="{" + ",".join([*sorted(MACHINES), LIST]) + "}",
         help=f"{help_text}; `list` describes every preset and its sources", **options
     )

@@ -17,14 +17,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from zero_core.cli.errors import UsageError
-from zero_core.cli.machines import preset_facts
+from zero_core.cli.machines import LIST, preset_choice, preset_facts
 from zero_core.facts import fact
 from zero_core.planner import configuration_time
 from zero_core.planner.models import PRESETS, ModelShape, custom_shape
 from zero_core.planner.time_model import MACHINES, Layer
 from zero_core.units import format_count, parse_count
 
-LIST = "list"
 WIDTH = 100
 AGREEMENT = 0.05
 """How far `--params` may be from a shape's Ψ and still name the same model (Llama-2 7B has 6.74B)."""
@@ -60,24 +59,11 @@ def presets_text() -> str:
     return "\n\n".join(blocks)
 
 
-class ModelChoice(argparse.Action):
-    """`--model NAME`, or `--model list`, which prints every preset with its sources and exits."""
-
-    def __call__(self, parser: argparse.ArgumentParser, namespace: Any, value: Any, option: Any = None) -> None:
-        if value == LIST:
-            print(presets_text())
-            parser.exit(0)
-        if value not in PRESETS:
-            parser.error(f"argument --model: no preset {value!r}; choose one of {', '.join(PRESETS)} "
-                         f"(--model {LIST} describes them)")
-        setattr(namespace, self.dest, value)
-
-
 def add_arguments(p: argparse.ArgumentParser, example: str) -> None:
     """--params, --model and the shape flags, shared by `table` and `plan`."""
     p.add_argument("--params", type=_count, help=f"parameters Ψ, like {example} (or give --model)")
     p.add_argument(
-        "--model", action=ModelChoice, metavar="NAME",
+        "--model", action=preset_choice("--model", list(PRESETS), presets_text), metavar="NAME",
         help=f"a model preset: {', '.join(PRESETS)}; Ψ from its shape; `list` describes them and their sources",
     )
     p.add_argument("--layers", type=_positive, help="transformer blocks (with --hidden: a GPT of this shape)")
