@@ -127,6 +127,12 @@ class TorchrunRun:
     def lines_of(self, rank: int) -> list[str]:
         return [line for line in self.rank_lines if line.startswith(f"[default{rank}]:")]
 
+    def command_line(self) -> str:
+        """The run as one would type it: its variables, `torchrun` and its arguments (not its log folder)."""
+        words = [f"{name}={value}" for name, value in self.environment.items()]
+        words += ["torchrun", *(w for w in self.command[3:] if not w.startswith("--log-dir"))]
+        return " ".join(words)
+
 
 def torchrun_command(
     kind: str, timeout_s: float, stacks_after_s: float, processes: int = 2, log_dir: str | None = None
