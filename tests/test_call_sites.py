@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from zero_core import dist
+from zero_core import dist, divergent_ranks
 from zero_core.cluster import CollectiveDeadlock, CollectiveMismatch, CollectiveTimeout, VirtualCluster
 from zero_core.model import preset
 from zero_core.stages import TrainConfig, Zero3
@@ -109,3 +109,25 @@ def test_a_zero3_rank_that_skips_a_layer_is_named_at_the_stage_s_gather_and_the_
     assert "zero_core/stages/sharding.py:" in message and "in gather_parameters <- zero_core/stages/zero3.py:" in (
         message
     ), message
+
+
+@pytest.mark.parametrize(
+    "kind, caller, text",
+    [
+        ("skip-module", divergent_ranks.skips_a_module, "gather_layer(layer)"),
+        ("early-exit", divergent_ranks.exits_early_on_its_data, "gather_layer(layer)"),
+        ("rank-loop", divergent_ranks.runs_a_head_per_item, "dist.all_gather_single"),
+    ],
+)
+def test_each_divergent_program_of_lesson_07_is_named_at_the_line_of_the_program_its_ranks_waited_at(
+    kind, caller, text
+) -> None:
+    """`zero_core.divergent_ranks`, which lesson 07 and `zero_core.launch --diverge` run: the virtual cluster
+    stops each at once, and its message names the program's own line (below `gather_layer` where it gathers)."""
+    message = divergent_ranks.on_virtual_cluster(kind, world_size=4)
+    lines, first = inspect.getsourcelines(caller)
+    (offset,) = [i for i, line in enumerate(lines) if text in line]
+    site = f"zero_core/divergent_ranks.py:{first + offset} in {caller.__name__}"
+    expected = "CollectiveMismatch" if kind == "skip-module" else "CollectiveDeadlock"
+    assert message.startswith(expected), message
+    assert re.search(rf"called it at (\S+ in gather_layer <- )?{re.escape(site)}\n", message + "\n"), message

@@ -15,6 +15,7 @@ key bias cut out. The ledger counts bytes under the ring model from shapes alone
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import os
 import socket
@@ -27,7 +28,7 @@ import psutil
 import pytest
 import torch
 
-from zero_core import launch
+from zero_core import divergent_ranks, launch
 from zero_core.cli import main as cli_main
 from zero_core.experiment import run_stage
 from zero_core.model import preset
@@ -402,3 +403,76 @@ def test_the_launcher_imports_no_plotting_library() -> None:
     matplotlib): the launcher, and the CLI it shares code with, must not import one."""
     code = "import sys, zero_core.launch; sys.exit('matplotlib' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1]).returncode == 0
+
+
+# -- ranks that take different paths: the run ends by itself, and says where each rank waited ---------------
+
+DIVERGENT_TIMEOUT_S, DIVERGENT_STACKS_AFTER_S, DIVERGENT_BOUND_S = 15.0, 7.0, 90.0
+WAITING_RANK = {"skip-module": 0, "early-exit": 0, "rank-loop": 1}
+"""The rank of each program that waits in a collective the other never calls (or gets a message of the wrong size)."""
+
+
+@pytest.fixture(scope="module")
+def divergent_runs() -> dict[str, divergent_ranks.TorchrunRun]:
+    """`--diverge` with each program, three torchruns of 2 processes side by side (about 25 s here), with
+    Python's fault handler on, as lesson 07 runs them but with wider margins: the stacks are printed 7 s
+    after a rank starts, long after it reached the collective it waits in, and 8 s before the timeout."""
+    runs = divergent_ranks.under_torchrun(
+        [(kind, {"PYTHONFAULTHANDLER": "1"}) for kind in divergent_ranks.PROGRAMS],
+        timeout_s=DIVERGENT_TIMEOUT_S,
+        stacks_after_s=DIVERGENT_STACKS_AFTER_S,
+        bound_s=DIVERGENT_BOUND_S,
+    )
+    return {run.kind: run for run in runs}
+
+
+def frame_of(function, text: str) -> str:
+    """The fault handler's line for the line of `function` (in zero_core/divergent_ranks.py) that holds `text`."""
+    lines, first = inspect.getsourcelines(function)
+    (offset,) = [i for i, line in enumerate(lines) if text in line]
+    return f'File "zero_core/divergent_ranks.py", line {first + offset} in {function.__name__}'
+
+
+DIVERGENT_LINES = {
+    "skip-module": (divergent_ranks.skips_a_module, "gather_layer(layer)"),
+    "early-exit": (divergent_ranks.exits_early_on_its_data, "gather_layer(layer)"),
+    "rank-loop": (divergent_ranks.runs_a_head_per_item, "dist.all_gather_single"),
+}
+
+
+@pytest.mark.parametrize("kind", list(divergent_ranks.PROGRAMS))
+def test_a_divergent_run_ends_by_itself_with_the_waiting_rank_s_stack_at_its_divergent_line(
+    divergent_runs, kind
+) -> None:
+    """Whether gloo notices (messages of different sizes: it aborts the rank, and the fault handler prints
+    its stack) or not (a collective the other rank never calls: the rank waits, `--stacks-after` prints its
+    stack, then the timeout ends it), the run ends with an error, and the waiting rank's stack names the
+    line of the program where the ranks parted."""
+    run = divergent_runs[kind]
+    text = "\n".join(run.rank_lines)
+    assert run.exit_code is not None, f"{kind} was still running after {DIVERGENT_BOUND_S:g} s:\n{text}"
+    assert run.exit_code != 0 and run.seconds < DIVERGENT_BOUND_S, text
+    waiting = "\n".join(run.lines_of(WAITING_RANK[kind]))
+    assert frame_of(*DIVERGENT_LINES[kind]) in waiting, text
+
+
+@pytest.mark.parametrize("kind", ["early-exit", "rank-loop"])
+def test_each_rank_left_waiting_ends_in_one_line_and_a_timeout_names_the_collective_it_waited_in(
+    divergent_runs, kind
+) -> None:
+    """The waiting rank waits in the program's all-gather, the finished one in the barrier after its program.
+    Whichever times out first names its collective and exits; the other then fails as well, in one line of its
+    own: it times out too, or its peer is gone (a connection reset), or torchrun stops it (SIGTERM)."""
+    run = divergent_runs[kind]
+    text = "\n".join(run.rank_lines)
+    waiting, finished = WAITING_RANK[kind], 1 - WAITING_RANK[kind]
+    assert any("Timeout (0:00:07)!" in line for line in run.lines_of(waiting)), text  # the stacks, 7 s in
+    errors = [line for line in run.rank_lines if "python -m zero_core.launch: rank" in line]
+    assert sorted(int(e.split(": rank ")[1][0]) for e in errors) == [0, 1], text
+    assert all("failed in the gloo process group" in e or "stopped by SIGTERM" in e for e in errors), text
+    collectives = (f"rank {waiting}: all_gather #", "tag='param "), (
+        f"rank {finished}: barrier #",
+        f"tag='{divergent_ranks.END_OF_RUN_TAG}'",
+    )
+    named = [e for e in errors if "Timed out" in e and any(op in e and tag in e for op, tag in collectives)]
+    assert named, text

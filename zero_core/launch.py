@@ -9,6 +9,9 @@ measurements (with `torch.distributed.gather_object`, outside the ledger), build
 with the virtual run's own code (`report.build_report`), and prints the same tables as
 `python -m zero_core compare`; `--json` writes the same schema.
 
+`--diverge KIND` runs, instead of training, one of the programs of `zero_core.divergent_ranks`, whose ranks call
+different collectives: with `--timeout` and `--stacks-after`, what a real process group does when ranks part.
+
 Failures end in one line per rank, never a hang: bad arguments, no torchrun environment, or a world size
 the run cannot use exit with code 2; a rank that dies or stops responding makes the others exit with
 code 1 within `--timeout` seconds, naming the collective they were waiting in.
@@ -29,6 +32,7 @@ import torch
 import torch.distributed as torch_dist
 from tqdm import tqdm
 
+from zero_core import dist
 from zero_core.backends.faulty import FaultyBackend
 from zero_core.backends.torch_distributed import (
     CollectiveFailed,
@@ -44,6 +48,7 @@ from zero_core.cli.render import table
 from zero_core.cluster import MAX_WORLD_SIZE
 from zero_core.comm import CommLedger
 from zero_core.context import activate
+from zero_core.divergent_ranks import END_OF_RUN_TAG, PROGRAMS
 from zero_core.experiment import equivalence, run_stage, train_on_rank
 from zero_core.memory import TrackerSnapshot
 from zero_core.model import PRESETS, count_parameters, preset
@@ -84,6 +89,11 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         metavar="SECONDS",
         help="if a rank is still running after SECONDS, print its threads' stacks to stderr (to see where a run hangs)",
+    )
+    p.add_argument(
+        "--diverge",
+        choices=list(PROGRAMS),
+        help="instead of training, run a program whose ranks call different collectives (zero_core.divergent_ranks)",
     )
     p.add_argument("--fail-rank", type=int, default=-1, help=argparse.SUPPRESS)
     p.add_argument("--fail-at-step", type=int, default=0, help=argparse.SUPPRESS)
@@ -218,6 +228,11 @@ def run(args: argparse.Namespace, env: TorchrunEnv, stages: list[int]) -> int:
         backend: TorchBackend | FaultyBackend = join_process_group(args.backend, args.timeout, env.local_rank)
     except ValueError as error:
         raise UsageError(str(error)) from None
+    if args.diverge:
+        with activate(process_context(backend), whole_process=True):
+            PROGRAMS[args.diverge]()
+            dist.barrier(tag=END_OF_RUN_TAG)
+        return 0
     if env.rank == args.fail_rank:
         backend = FaultyBackend(backend, args.fail_at_step, args.fail_mode)
     model = preset(args.preset)
