@@ -19,6 +19,7 @@ default bucket sizes are figures of the facts file, written out so that a reader
 from __future__ import annotations
 
 import json
+import textwrap
 from dataclasses import dataclass
 from typing import Any
 
@@ -175,8 +176,9 @@ def to_json(config: dict[str, Any]) -> str:
     return json.dumps(config, indent=2) + "\n"
 
 
-def explain(found: list[Knob], label: str) -> str:
-    """One paragraph per key: `key = value: why`, headed by the configuration it is for."""
-    lines = [f"Every key of the DeepSpeed configuration for {label}, in the ledger's terms:"]
-    lines += [f"- {k.key} = {json.dumps(k.value)}: {k.why}." for k in found]
+def explain(found: list[Knob], label: str, width: int = 100) -> str:
+    """One paragraph per key, `key = value: why`, wrapped to `width`, headed by the configuration it is for."""
+    lines = textwrap.wrap(f"Every key of the DeepSpeed configuration for {label}, in the ledger's terms:", width)
+    for k in found:
+        lines += textwrap.wrap(f"- {k.key} = {json.dumps(k.value)}: {k.why}.", width, subsequent_indent="  ")
     return "\n".join(lines)
