@@ -19,7 +19,7 @@ from typing import Any
 
 from zero_core import configurations, formulas
 from zero_core.cli import configs as config_table
-from zero_core.cli import model_choice, whole
+from zero_core.cli import emit, model_choice, whole
 from zero_core.cli.errors import UsageError
 from zero_core.cli.render import WIDTH, fit, table
 from zero_core.cli.table import (
@@ -79,6 +79,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     config_table.add_arguments(p, default_configs="all, and HSDP at S = G, 2G, 4G, ... below N")
     p.add_argument("--json", metavar="PATH", help="also write the answer as JSON")
     p.add_argument("--wide", action="store_true", help="one table however wide (default: tables fit 100 columns)")
+    emit.add_arguments(p)
 
 
 def plan_rows(psi: int, gpu_memory: int) -> list[dict[str, Any]]:
@@ -182,6 +183,8 @@ def run_ranked(
             },
         )
         print(f"\nwrote {json_path}")
+    if args.emit:
+        return emit.write(args, planned, best, chosen, n_gpus, gpus_per_node)
     return 0
 
 
@@ -190,8 +193,10 @@ def run(args: argparse.Namespace) -> int:
     json_path = check_json_path(args.json)
     unit = display_unit(args.gpu_memory)
     planned = model_choice.resolve(args)
+    emit.check(args)
     if args.nodes is not None:
-        return run_ranked(args, planned, gpu_memory, json_path, unit)
+        with emit.plan_output(args):
+            return run_ranked(args, planned, gpu_memory, json_path, unit)
     if args.configs or args.machine or args.gpus_per_node:
         raise UsageError("--configs, --machine and --gpus-per-node rank configurations on --nodes: give --nodes")
     rows = plan_rows(planned.psi, gpu_memory)
