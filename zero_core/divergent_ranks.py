@@ -105,6 +105,8 @@ def on_virtual_cluster(kind: str, world_size: int = 4) -> str:
 
 ROOT = Path(__file__).resolve().parent.parent
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+"""What torchrun sets for each process (`zero_core.launch` requires them; a run started from here drops the
+caller's own, so that a launch inside a torchrun job starts a group of its own)."""
 _RANK_LINE = re.compile(r"^\[default(\d+)\]:(.*)$")
 
 

@@ -48,7 +48,7 @@ from zero_core.cli.render import table
 from zero_core.cluster import MAX_WORLD_SIZE
 from zero_core.comm import CommLedger
 from zero_core.context import activate
-from zero_core.divergent_ranks import END_OF_RUN_TAG, PROGRAMS
+from zero_core.divergent_ranks import END_OF_RUN_TAG, PROGRAMS, TORCHRUN_VARIABLES
 from zero_core.experiment import equivalence, run_stage, train_on_rank
 from zero_core.memory import TrackerSnapshot
 from zero_core.model import PRESETS, count_parameters, preset
@@ -57,7 +57,6 @@ from zero_core.stages import TrainConfig
 from zero_core.stages.base import ZERO1_GRAD_SYNCS
 
 PROG = "python -m zero_core.launch"
-TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 EXAMPLE = "torchrun --nproc-per-node 4 -m zero_core.launch --stage 3"
 
 
