@@ -10,10 +10,10 @@ import argparse
 import re
 import sys
 
-from zero_core.cli import compare, plan, table
+from zero_core.cli import check_planner, compare, plan, table
 from zero_core.cli.errors import UsageError
 
-COMMANDS = {"compare": compare, "table": table, "plan": plan}
+COMMANDS = {"compare": compare, "table": table, "plan": plan, "check-planner": check_planner}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -25,13 +25,15 @@ class _Parser(argparse.ArgumentParser):
 DESCRIPTION = """ZeRO, measured. `compare` trains ZeRO-0..3 on N virtual GPUs and shows their memory,
 traffic and losses side by side; `table` gives the paper's memory and traffic per GPU for any model
 and N; `plan` finds on how many GPUs each stage fits a model, or ranks the configurations on a
-machine's nodes."""
+machine's nodes; `check-planner` sets the planner beside DeepSpeed, Megatron-Core and the virtual
+cluster, with its error."""
 EXAMPLES = """examples:
   python -m zero_core compare --world-size 32
   python -m zero_core table --params 7.5B --gpus 64 --gpu-memory 32GB
   python -m zero_core plan --params 13B --gpu-memory 40GB
   python -m zero_core plan --params 70B --gpu-memory 80GB --nodes 32 --machine dgx-h100
   python -m zero_core plan --machine list     (the machine presets, their figures and sources)
+  python -m zero_core check-planner
 Sizes take their unit (32GB, 40GiB, 50GB/s, 5us). python -m zero_core COMMAND --help lists the
 options of one command."""
 
