@@ -18,7 +18,7 @@ import pytest
 from test_cli_table import run_cli
 
 from zero_core import planner_check
-from zero_core.cli.check_planner import render_deepspeed, render_megatron
+from zero_core.cli.check_planner import render_cluster, render_deepspeed, render_megatron
 from zero_core.facts import fact
 from zero_core.planner import activations
 from zero_core.planner.models import PRESETS
@@ -135,3 +135,15 @@ def test_a_wrong_activation_coefficient_shows_as_a_larger_error(micro_rows, monk
 def test_bad_input_is_one_line_and_exit_code_2(argv: list[str], said: str, capsys) -> None:
     code, out, err = run_cli(["check-planner", *argv], capsys)
     assert code == 2 and out == "" and said in err and len(err.splitlines()) == 1
+
+
+def test_the_docs_show_the_commands_real_output() -> None:
+    """docs/cli.md's block is what the command prints: DeepSpeed's and Megatron-Core's tables whole, and the
+    virtual cluster's micro rows (deterministic: one seeded step, audited byte for byte), compared word by word
+    (a table's columns are as wide as its widest cell)."""
+    shown = {" ".join(line.split()) for line in (ROOT / "docs" / "cli.md").read_text().splitlines()}
+    printed = [*render_deepspeed(planner_check.deepspeed_rows()).splitlines(),
+               *render_megatron(planner_check.megatron_rows()).splitlines(),
+               *(line for line in render_cluster(planner_check.cluster_rows(("micro",))).splitlines()
+                 if line.startswith("micro "))]
+    assert [line for line in printed if " ".join(line.split()) not in shown] == []
