@@ -17,7 +17,7 @@ reference:
   micro-batch, with no allowance (a virtual GPU has no CUDA context).
 
 It runs the simulator, so it is no part of the planner (which never imports it: `tests/test_planner_apart.py`);
-`python -m zero_core check-planner` prints it, and lessons call `check_planner` and `render`.
+`python -m zero_core check-planner` prints it (`zero_core.cli.check_planner.render`); lessons call `check_planner`.
 """
 
 from __future__ import annotations
