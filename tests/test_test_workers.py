@@ -34,6 +34,19 @@ def test_the_round_trip_shares_a_worker_per_assignment_and_other_tests_go_alone(
     assert work_unit("tests/test_cluster.py::test_a") != work_unit("tests/test_cluster.py::test_b")
 
 
+def test_the_tests_that_write_into_the_shared_venv_or_look_there_share_the_round_trip_s_ex05_worker() -> None:
+    units = {
+        work_unit("tests/test_grading_walls.py::test_a_submission_writing_into_the_venv_leaves_nothing_only_inside"
+                  "_the_walls[control-without-walls]"),
+        work_unit("tests/test_grading_integrity.py::test_a_submission_graded_in_a_child_process_loses_exactly_its"
+                  "_checks[ex05_writes_a_pth_file_into_the_venv-audit-hook-only]"),
+        work_unit("tests/test_nbgrader_roundtrip.py::test_autograde_leaves_no_file_in_the_venv_and_no_solution_in_the"
+                  "_feedback[ex05_memory_planning]"),
+    }
+    assert units == {"tests/test_nbgrader_roundtrip.py::ex05"}
+    assert work_unit("tests/test_grading_integrity.py::test_x[walls-ex05_os_exit]") not in units
+
+
 def test_a_parallel_run_keeps_a_module_with_a_fixture_in_one_worker() -> None:
     modules = ["tests/test_trace.py", "tests/test_offload.py"]
     run = subprocess.run(

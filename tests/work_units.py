@@ -33,12 +33,20 @@ SHARED_MODULE_FIXTURES = {
 (tests/test_test_workers.py keeps this list complete)."""
 PER_ASSIGNMENT_MODULES = {"tests/test_nbgrader_roundtrip.py"}
 """Modules with a module-scoped fixture per assignment: each assignment's tests run in one worker."""
+VENV_WRITERS = ("ex05_writes_a_pth_file_into_the_venv", "test_a_submission_writing_into_the_venv")
+"""Tests whose submission writes a file into the shared venv where nothing stops it (graded without the walls),
+or that check no such file is there, or remove it: they run in one worker with the round trip's ex05 class
+(which grades that submission too), so that no test removes or finds another's file (one worker's control run
+once lost its file to another's clean-up)."""
+VENV_UNIT = "tests/test_nbgrader_roundtrip.py::ex05"
 
 
 def work_unit(nodeid: str) -> str:
     """The tests that must run in one worker share a unit: a module of `SHARED_MODULE_FIXTURES`, an assignment
-    of a `PER_ASSIGNMENT_MODULES` module; any other test is a unit of its own."""
+    of a `PER_ASSIGNMENT_MODULES` module, the `VENV_WRITERS`; any other test is a unit of its own."""
     path = nodeid.split("::", 1)[0]
+    if any(name in nodeid for name in VENV_WRITERS):
+        return VENV_UNIT
     if path in SHARED_MODULE_FIXTURES:
         return path
     assignment = re.search(r"\[(ex\d\d)_", nodeid)
