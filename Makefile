@@ -13,8 +13,11 @@ ASSIGNMENTS := ex01_collectives ex02_zero1_sharded_adam ex03_zero2_reduce_scatte
 NBGRADER := PATH="$(abspath $(VENV))/bin:$$PATH" $(abspath $(VENV))/bin/python -I -m nbgrader
 # JupyterLab refuses to run as root unless told it may (containers, CI).
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
-# Bounds for one notebook in the batch grader: a correct one takes seconds, a looping one costs these.
-GRADE_LIMITS := --time-limit 120 --check-time-limit 30
+# Bounds for one notebook, in `make autograde` (nbgrader's TrustedGrade) and `make grade` alike: a correct one takes
+# seconds, a looping one costs these. `make grade CHECK_TIME_LIMIT=10` (or the variable in the environment) sets one.
+TIME_LIMIT ?= 120
+CHECK_TIME_LIMIT ?= 30
+GRADE_LIMITS := --time-limit $(TIME_LIMIT) --check-time-limit $(CHECK_TIME_LIMIT)
 # Students the batch grader grades at once (`make grade JOBS=2`); empty: its default, one per core. The wall time
 # changes, not the grades: every notebook still has its own child and the bounds above.
 JOBS ?=
@@ -108,7 +111,9 @@ autograde: release
 	@for a in $(ASSIGNMENTS); do \
 		if ls out/submitted/*/$$a/$$a.ipynb > /dev/null 2>&1; then \
 			echo "autograding $$a (nbgrader's log: out/autograde.log)"; \
-			$(NBGRADER) autograde $$a >> out/autograde.log 2>&1 || { tail -n 30 out/autograde.log; exit 1; }; \
+			$(NBGRADER) autograde $$a --TrustedGrade.time_limit_s=$(TIME_LIMIT) \
+				--TrustedGrade.check_time_limit_s=$(CHECK_TIME_LIMIT) >> out/autograde.log 2>&1 \
+				|| { tail -n 30 out/autograde.log; exit 1; }; \
 		fi; \
 	done
 	@$(MAKE) --no-print-directory scores
