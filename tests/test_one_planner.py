@@ -1,0 +1,62 @@
+"""One planner: `ranked_plan`, `plan --nodes` and lesson 05's calculator give one answer.
+
+`zero_core.cli.ranked.ranked_plan` is a function of plain values; `python -m zero_core plan --nodes` parses its
+options and calls it, and so does lesson 05's calculator with its widgets' values. Each answer names the command
+line that gives it (`RankedPlan.command`): run in-process, that command must print the same text.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import pytest
+from test_cli_table import run_cli
+
+from zero_core.cli.model_choice import planned_model
+from zero_core.cli.ranked import nodes_for, ranked_plan
+from zero_core.units import GiB
+
+SETTINGS = [
+    ({"model": "llama-2-13b"}, dict(gpu_memory="40GiB", nodes=4, machine="dgx-a100", configs="zero0,zero1,zero2,zero3",
+                                    checkpointing="full")),
+    ({"params": 7_500_000_000}, dict(gpu_memory="32GB", nodes=4, machine="dgx2-v100", checkpointing="selective",
+                                     micro_batch=2, tokens_per_gpu=8192, allowance="3GiB")),
+    ({"layers": 24, "hidden": 2048, "seq_len": 1024}, dict(gpu_memory="16GB", nodes=1, gpus_per_node=4,
+                                                           machine="a100-400g", checkpointing="none")),
+    ({"model": "llama-3-8b", "seq_len": 2048}, dict(gpu_memory="80GB", nodes=2, machine="dgx-h100")),
+]
+
+
+def cli_args(command: str) -> list[str]:
+    prefix = "python -m zero_core "
+    assert command.startswith(prefix), command
+    return shlex.split(command[len(prefix):])
+
+
+@pytest.mark.parametrize(("model", "values"), SETTINGS, ids=[str(m) for m, _ in SETTINGS])
+def test_the_answer_of_ranked_plan_is_what_its_command_prints(model: dict, values: dict, capsys) -> None:
+    answer = ranked_plan(planned_model(**model), **values)
+    code, out, err = run_cli(cli_args(answer.command()), capsys)
+    assert (code, err) == (0, "")
+    assert out == answer.text() + "\n"
+
+
+def test_llama2_13b_on_32_a100_40gb_with_zero2_and_full_checkpointing_is_the_commands_total(tmp_path, capsys) -> None:
+    path = tmp_path / "plan.json"
+    argv = ["plan", "--model", "llama-2-13b", "--gpu-memory", "40GiB", "--nodes", "4", "--machine", "dgx-a100",
+            "--configs", "zero2", "--checkpointing", "full", "--json", str(path)]
+    assert run_cli(argv, capsys)[0] == 0
+    written = json.loads(path.read_text())["configurations"][0]
+    nodes, gpus_per_node = nodes_for(32, "dgx-a100")
+    answer = ranked_plan(planned_model(model="llama-2-13b"), "40GiB", nodes, "dgx-a100", gpus_per_node,
+                         configs="zero2", checkpointing="full")
+    assert answer.row("zero2")["total_gpu_bytes"] == written["total_gpu_bytes"]
+    assert f"{written['total_gpu_bytes'] / GiB:.2f}" == "38.30"
+    assert answer.row("zero2")["fits"] and answer.row("zero2")["step"] == written["step"]
+
+
+def test_n_gpus_become_nodes_of_the_machine_or_one_node() -> None:
+    assert nodes_for(32, "dgx-a100") == (4, 8)
+    assert nodes_for(4, "dgx-a100") == (1, 4)
+    assert nodes_for(32, "dgx2-v100") == (2, 16)
