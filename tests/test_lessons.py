@@ -228,8 +228,8 @@ def test_notebook_is_committed_with_outputs_stripped(path: Path) -> None:
 
 
 def test_lesson_5s_calculator_starts_on_the_values_of_the_table_above_it() -> None:
-    """Its sliders' first values are the static table's arguments exactly (a log slider would snap 7.5B to
-    7.94B and 50 GB/s to 50.1 GB/s, and the first answer would contradict the table above it)."""
+    """Its widgets' first values are the static answer's arguments exactly, one widget per argument (a log slider
+    would snap 7.5B to 7.94B, and the first answer would contradict the one printed above it)."""
     cells = json.loads((LESSONS_DIR / "05_at_scale.ipynb").read_text())["cells"]
     calls = [
         node
@@ -238,11 +238,14 @@ def test_lesson_5s_calculator_starts_on_the_values_of_the_table_above_it() -> No
         for node in ast.walk(ast.parse("".join(cell["source"]).replace("%matplotlib inline", "")))
         if isinstance(node, ast.Call)
     ]
-    static = next(c for c in calls if getattr(c.func, "id", "") == "zero_table")
     calculator = next(c for c in calls if getattr(c.func, "attr", "") == "interact")
+    function = calculator.args[0].id
+    static = next(c for c in calls if getattr(c.func, "id", "") == function)
     sliders = {k.arg: k.value for k in calculator.keywords}
+    assert sorted(sliders) == sorted(k.arg for k in static.keywords), f"{function}: one widget per argument"
     for argument in static.keywords:
         slider = sliders[argument.arg]
-        assert slider.func.attr in ("SelectionSlider", "FloatSlider"), f"{argument.arg}: {slider.func.attr} snaps"
+        exact = ("SelectionSlider", "FloatSlider", "Dropdown")
+        assert slider.func.attr in exact, f"{argument.arg}: {slider.func.attr} snaps"
         start = next(k.value for k in slider.keywords if k.arg == "value")
         assert ast.literal_eval(start) == ast.literal_eval(argument.value), argument.arg

@@ -110,43 +110,74 @@ class PlannedModel:
 
 
 def resolve(args: argparse.Namespace) -> PlannedModel:
-    """The model `args` ask for; contradictory or missing input is a UsageError that says what to give."""
-    if args.model:
-        given = [flag for flag, value in (("--layers", args.layers), ("--hidden", args.hidden),
-                                          ("--vocab", args.vocab)) if value]
+    """The model `args` ask for (`planned_model` of their values)."""
+    return planned_model(args.params, args.model, args.layers, args.hidden, args.vocab, args.seq_len)
+
+
+def planned_model(
+    params: int | None = None,
+    model: str | None = None,
+    layers: int | None = None,
+    hidden: int | None = None,
+    vocab: int | None = None,
+    seq_len: int | None = None,
+) -> PlannedModel:
+    """The model of `--params`, `--model`, `--layers`, `--hidden`, `--vocab` and `--seq-len`, given as values;
+    contradictory or missing input is a UsageError that says what to give."""
+    if model:
+        if model not in PRESETS:
+            raise UsageError(f"--model: no preset {model!r}; the presets are {', '.join(PRESETS)}")
+        given = [flag for flag, value in (("--layers", layers), ("--hidden", hidden), ("--vocab", vocab)) if value]
         if given:
-            raise UsageError(f"--model {args.model} fixes its shape: drop {', '.join(given)}, or --model to give a "
+            raise UsageError(f"--model {model} fixes its shape: drop {', '.join(given)}, or --model to give a "
                              "shape of your own")
-        return _from_shape(PRESETS[args.model], args, assumed=())
-    if args.hidden and not args.layers:
+        return _from_shape(PRESETS[model], params, seq_len, assumed=())
+    if hidden and not layers:
         raise UsageError("--hidden needs --layers (a GPT of that shape), or give --params alone")
-    if args.layers and args.hidden:
-        vocab = args.vocab or configuration_time.DEFAULT_VOCAB
-        sequence = args.seq_len or configuration_time.DEFAULT_SEQ_LEN
-        assumed = tuple(name for name, value in (("vocabulary", args.vocab), ("sequence", args.seq_len)) if not value)
-        return _from_shape(custom_shape(args.layers, args.hidden, vocab, sequence), args, assumed)
-    if args.params is None:
+    if layers and hidden:
+        vocabulary = vocab or configuration_time.DEFAULT_VOCAB
+        sequence = seq_len or configuration_time.DEFAULT_SEQ_LEN
+        assumed = tuple(name for name, value in (("vocabulary", vocab), ("sequence", seq_len)) if not value)
+        return _from_shape(custom_shape(layers, hidden, vocabulary, sequence), params, seq_len, assumed)
+    if params is None:
         raise UsageError(f"give --params PSI, --model NAME (--model {LIST} names them) or --layers and --hidden")
-    if args.params < 1:
-        raise UsageError(f"argument --params: a model needs at least one parameter, got {args.params}")
-    layers = args.layers or configuration_time.DEFAULT_LAYERS
-    vocab = args.vocab or configuration_time.DEFAULT_VOCAB
-    sequence = args.seq_len or configuration_time.DEFAULT_SEQ_LEN
+    if params < 1:
+        raise UsageError(f"argument --params: a model needs at least one parameter, got {params}")
+    depth = layers or configuration_time.DEFAULT_LAYERS
+    vocabulary = vocab or configuration_time.DEFAULT_VOCAB
+    sequence = seq_len or configuration_time.DEFAULT_SEQ_LEN
     assumed = ("hidden",) + tuple(
-        name for name, value in (("layers", args.layers), ("vocabulary", args.vocab), ("sequence", args.seq_len))
-        if not value
+        name for name, value in (("layers", layers), ("vocabulary", vocab), ("sequence", seq_len)) if not value
     )
-    return PlannedModel(args.params, None, layers, configuration_time.gpt_hidden(args.params, layers, vocab), vocab,
+    return PlannedModel(params, None, depth, configuration_time.gpt_hidden(params, depth, vocabulary), vocabulary,
                         sequence, assumed)
 
 
-def _from_shape(shape: ModelShape, args: argparse.Namespace, assumed: tuple[str, ...]) -> PlannedModel:
-    if args.params is not None and abs(args.params / shape.psi - 1) > AGREEMENT:
+def _from_shape(shape: ModelShape, params: int | None, seq_len: int | None, assumed: tuple[str, ...]) -> PlannedModel:
+    if params is not None and abs(params / shape.psi - 1) > AGREEMENT:
         named = f"--model {shape.name}" if shape.nominal else f"--layers {shape.layers} --hidden {shape.hidden}"
-        raise UsageError(f"--params {format_count(args.params)} disagrees with {named}, whose shape has "
+        raise UsageError(f"--params {format_count(params)} disagrees with {named}, whose shape has "
                          f"Ψ = {format_count(shape.psi)}: give one or the other")
-    sequence = args.seq_len or shape.max_sequence
+    sequence = seq_len or shape.max_sequence
     return PlannedModel(shape.psi, shape, shape.layers, shape.hidden, shape.vocabulary, sequence, assumed)
+
+
+def model_arguments(planned: PlannedModel) -> list[str]:
+    """The options that name `planned` on the command line: `--model` (and `--seq-len` when it is not the model's
+    longest), a shape's `--layers --hidden --vocab --seq-len`, or `--params` with what it was given beside."""
+    shape = planned.shape
+    if shape is not None and shape.nominal:
+        longest = planned.sequence == shape.max_sequence
+        return ["--model", shape.name, *([] if longest else ["--seq-len", str(planned.sequence)])]
+    given = {"layers": ["--layers", str(planned.layers)], "vocabulary": ["--vocab", str(planned.vocabulary)],
+             "sequence": ["--seq-len", str(planned.sequence)]}
+    if shape is not None:
+        given.pop("layers")
+        named = ["--layers", str(shape.layers), "--hidden", str(shape.hidden)]
+    else:
+        psi = format_count(planned.psi)
+        named = ["--params", psi if parse_count(psi) == planned.psi else str(planned.psi)]
+    return named + [arg for name, args in given.items() if name not in planned.assumed for arg in args]
 
 
 def shape_text(shape: ModelShape) -> str:

@@ -7,8 +7,8 @@ part alone overflows the GPU never fits, however many GPUs share the rest.
 
 With `--nodes` the question turns around: on these M nodes of G GPUs, which configuration (the paper's
 stages, offload, hpZ, qwZ, ZeRO++, HSDP at every shard group S = G, 2G, ... below N) fits, and which is
-fastest? The answer is ranked by predicted step time on `--machine`, ties by GPU memory
-(`zero_core.cli.configs`).
+fastest? The answer is ranked by predicted step time on `--machine`, ties by GPU memory; it is computed by
+`zero_core.cli.ranked.ranked_plan`, a function of the options' values that lesson 05's calculator calls too.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import argparse
 import math
 from typing import Any
 
-from zero_core import configurations, formulas
+from zero_core import formulas
 from zero_core.cli import configs as config_table
-from zero_core.cli import emit, model_choice, whole
+from zero_core.cli import emit, model_choice, ranked
 from zero_core.cli.errors import UsageError
 from zero_core.cli.render import WIDTH, fit, table
 from zero_core.cli.table import (
@@ -34,14 +34,9 @@ from zero_core.cli.table import (
     write_json,
 )
 from zero_core.stages import stage_class
-from zero_core.topology import RING
-from zero_core.units import format_count, format_seconds
+from zero_core.units import format_count
 
 POWERS_OF_TWO = tuple(2**i for i in range(21))
-WHOLE_MEMORY_NOTE = (
-    "Memory is the whole per GPU: model states (fp16 parameters and gradients, fp32 Adam: 16 bytes per\n"
-    "parameter, K = 12), activations, the stage's buffers and an allowance; a configuration fits on the total."
-)
 
 
 def replicated_and_partitioned_bytes(stage: int, psi: float) -> tuple[float, float]:
@@ -102,89 +97,21 @@ def plan_rows(psi: int, gpu_memory: int) -> list[dict[str, Any]]:
     return rows
 
 
-def candidates(n_gpus: int, gpus_per_node: int) -> list[configurations.Configuration]:
-    """Every named configuration but single-node HSDP, then HSDP at S = G, 2G, 4G, ... while S < N."""
-    named = [c for name, c in configurations.CONFIGURATIONS.items() if name != "hsdp"]
-    sizes, s = [], gpus_per_node
-    while s < n_gpus and n_gpus % s == 0:
-        sizes.append(s)
-        s *= 2
-    return named + [configurations.Configuration(f"hsdp:{s}", 3, hsdp=True, shard_group=s) for s in sizes]
-
-
-def run_ranked(
-    args: argparse.Namespace, planned: model_choice.PlannedModel, gpu_memory: int, json_path: Any, unit: str
-) -> int:
-    """`--nodes`: the configurations that fit M nodes of G GPUs, fastest first on `--machine`."""
+def run_ranked(args: argparse.Namespace, planned: model_choice.PlannedModel, json_path: Any) -> int:
+    """`--nodes`: the configurations that fit M nodes of G GPUs, fastest first on `--machine` (`ranked.ranked_plan`,
+    which lesson 05's calculator calls too)."""
     if args.machine is None:
         raise UsageError("--nodes ranks configurations by predicted step time: give --machine too")
-    machine = config_table.machine_of(args.machine)
-    gpus_per_node = args.gpus_per_node or machine.gpus_per_node
-    n_gpus = args.nodes * gpus_per_node
-    chosen = config_table.parse(args.configs) if args.configs else candidates(n_gpus, gpus_per_node)
-    setup = whole.setup(args, planned, args.tokens_per_gpu)
-    found = config_table.rows(
-        chosen, planned.psi, n_gpus, gpus_per_node, gpu_memory, machine, args.tokens_per_gpu, RING, planned.schedule,
-        setup,
+    answer = ranked.ranked_plan(
+        planned, args.gpu_memory, args.nodes, args.machine, args.gpus_per_node, args.configs, args.tokens_per_gpu,
+        args.micro_batch, args.checkpointing, args.allowance,
     )
-    best = config_table.ranked(found)
-    error, basis = whole.rank(best, planned.psi)
-    width = None if args.wide else WIDTH
-    memory_label = show_size(gpu_memory, unit)
-    header = (
-        f"Which configuration for Ψ = {format_count(planned.psi)} parameters on {args.nodes} nodes of "
-        f"{gpus_per_node} GPUs of {memory_label} (N = {n_gpus})?\n"
-        f"{model_choice.model_text(planned)}\n"
-        f"{machine.name}; {args.tokens_per_gpu:,} tokens per GPU per step.\n{WHOLE_MEMORY_NOTE}\n"
-        f"{unit} = {'2^30' if unit == 'GiB' else '10^9'} bytes; traffic is per GPU per step, on flat rings.\n"
-        f"{model_choice.assumptions_text(planned, args.tokens_per_gpu, args.machine, setup.checkpointing)}"
-    )
-    title = (
-        "Ranked: the configurations that fit, fastest predicted step first (equal times: less memory first); times "
-        f"within the time model's measured error, {error:.0%} ({basis}), share a rank"
-    )
-    ranking = "Nothing fits."
-    if best:
-        ranking = config_table.render(best, show_bytes, unit, title, numbered=True, width=width)
-    parts = [header, ranking, whole.render(best + [r for r in found if not r["fits"]], setup, gpu_memory,
-                                           args.tokens_per_gpu, width, numbered=True, unit=unit)]
-    misfits = [r for r in found if not r["fits"]]
-    if misfits:
-        parts.append(
-            "Do not fit: "
-            + "; ".join(f"{r['label']} ({show_bytes(r['total_gpu_bytes'], unit)} per GPU)" for r in misfits)
-            + "."
-        )
-    if best:
-        parts.append(f"{answer_text(best, setup, unit)}\n{whole.notes(found, setup)}\n{config_table.NOTES}")
-    print(fit("\n\n".join(parts), width))
+    print(answer.text(None if args.wide else WIDTH))
     if json_path is not None:
-        write_json(
-            json_path,
-            {
-                "schema": "zero-course/plan/2",
-                "psi": planned.psi,
-                "model": planned.to_dict(),
-                "assumptions": model_choice.assumptions(planned, args.tokens_per_gpu, args.machine,
-                                                        setup.checkpointing),
-                "gpu_memory_bytes": gpu_memory,
-                "nodes": args.nodes,
-                "gpus_per_node": gpus_per_node,
-                "n_gpus": n_gpus,
-                "machine": machine.name,
-                "tokens_per_gpu": args.tokens_per_gpu,
-                "model_states_only": False,
-                "whole": setup.to_dict(),
-                "time_model_error": error,
-                "time_model_error_basis": basis,
-                "ranked": [r["config"] for r in best],
-                "ranks": [r.get("rank") for r in best],
-                "configurations": found,
-            },
-        )
+        write_json(json_path, answer.to_json())
         print(f"\nwrote {json_path}")
     if args.emit:
-        return emit.write(args, planned, best, chosen, n_gpus, gpus_per_node)
+        return emit.write(args, planned, answer.best, answer.chosen, answer.n_gpus, answer.gpus_per_node)
     return 0
 
 
@@ -196,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
     emit.check(args)
     if args.nodes is not None:
         with emit.plan_output(args):
-            return run_ranked(args, planned, gpu_memory, json_path, unit)
+            return run_ranked(args, planned, json_path)
     if args.configs or args.machine or args.gpus_per_node:
         raise UsageError("--configs, --machine and --gpus-per-node rank configurations on --nodes: give --nodes")
     rows = plan_rows(planned.psi, gpu_memory)
@@ -263,16 +190,3 @@ def _power_of_two(row: dict[str, Any]) -> str:
         return "never"
     power = row["smallest_power_of_two"]
     return str(power) if power else f"> {POWERS_OF_TWO[-1]:,}"
-
-
-def answer_text(best: list[dict[str, Any]], setup: whole.Setup, unit: str) -> str:
-    """The answer: the fastest configuration's total memory and step, and those tied with it."""
-    top, step = best[0], best[0]["step"]
-    tied = [r["label"] for r in best[1:] if r.get("rank") == top.get("rank")]
-    return (
-        f"Answer: {top['label']}, {show_bytes(top['total_gpu_bytes'], unit)} per GPU in all "
-        f"({show_bytes(top['gpu_bytes'], unit)} of model states, {setup.checkpointing} checkpointing), "
-        f"{format_seconds(step['step_s'])} per step, MFU {step['mfu']:.1%}, "
-        f"{step['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU, bound by {step['bound']}"
-        + (f"; tied within the time model's error with {', '.join(tied)}." if tied else ".")
-    )

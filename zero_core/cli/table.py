@@ -262,7 +262,7 @@ def run(args: argparse.Namespace) -> int:
     extra = []
     if args.configs or machine:
         chosen = config_table.parse(args.configs or ",".join(CONFIG_STAGES))
-        setup = whole.setup(args, planned, args.tokens_per_gpu)
+        setup = whole.setup(planned, args.tokens_per_gpu, args.micro_batch, args.checkpointing, args.allowance)
         extra = config_table.rows(
             chosen, psi, n_gpus, topology.gpus_per_node, gpu_memory, machine, args.tokens_per_gpu, args.collectives,
             planned.schedule, setup,

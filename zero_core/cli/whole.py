@@ -30,6 +30,7 @@ from zero_core.planner.time_model import Layer, Machine, StepPrediction
 from zero_core.units import GiB, format_seconds, parse_bytes
 
 DEFAULT_MICRO_BATCH = 1
+DEFAULT_ALLOWANCE = f"{gpu_memory.DEFAULT_ALLOWANCE_BYTES // GiB}GiB"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -43,7 +44,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help=f"activation checkpointing: what is stored and what is recomputed (default {DEFAULT_CHECKPOINTING})",
     )
     p.add_argument(
-        "--allowance", default=f"{gpu_memory.DEFAULT_ALLOWANCE_BYTES // GiB}GiB",
+        "--allowance", default=DEFAULT_ALLOWANCE,
         help="room kept free per GPU for the CUDA context, workspaces and fragmentation (default "
         f"{gpu_memory.DEFAULT_ALLOWANCE_BYTES // GiB}GiB, an assumption)",
     )
@@ -77,25 +78,34 @@ class Setup:
                 "persistent_elements": self.persistent_elements}
 
 
-def setup(args: argparse.Namespace, planned: Any, tokens: int) -> Setup:
-    """The terms' inputs from the command line and the model; inconsistent input is a UsageError."""
+def setup(
+    planned: Any,
+    tokens: int,
+    micro_batch: int = DEFAULT_MICRO_BATCH,
+    checkpointing: str = DEFAULT_CHECKPOINTING,
+    allowance: str = DEFAULT_ALLOWANCE,
+) -> Setup:
+    """The terms' inputs from the model and the values of `--tokens-per-gpu`, `--micro-batch`, `--checkpointing`
+    and `--allowance`; inconsistent input is a UsageError."""
     if tokens < 1:
         raise UsageError(f"--tokens-per-gpu must be at least 1, got {tokens}")
-    if args.micro_batch < 1:
-        raise UsageError(f"--micro-batch must be at least 1, got {args.micro_batch}")
+    if micro_batch < 1:
+        raise UsageError(f"--micro-batch must be at least 1, got {micro_batch}")
+    if checkpointing not in CHECKPOINTING:
+        raise UsageError(f"--checkpointing: {checkpointing!r} is none of {', '.join(CHECKPOINTING)}")
     try:
-        allowance = parse_bytes(args.allowance)
+        allowance_bytes = parse_bytes(allowance)
     except ValueError as error:
         raise UsageError(f"argument --allowance: {error}") from None
     seq_len = min(planned.sequence, tokens)
-    per_micro_step = args.micro_batch * seq_len
+    per_micro_step = micro_batch * seq_len
     if tokens % per_micro_step:
-        raise UsageError(f"--tokens-per-gpu {tokens:,} is not a multiple of --micro-batch {args.micro_batch} × "
+        raise UsageError(f"--tokens-per-gpu {tokens:,} is not a multiple of --micro-batch {micro_batch} × "
                          f"sequence {seq_len:,} = {per_micro_step:,}: change one of them")
     shape = planned.shape or custom_shape(planned.layers, planned.hidden, planned.vocabulary, planned.sequence)
     heads = shape.heads or max(1, round(planned.hidden / DEFAULT_HEAD_DIM))
     return Setup(planned.layers, planned.hidden, heads, shape.heads is None, shape.ffn, planned.vocabulary, seq_len,
-                 args.micro_batch, tokens // per_micro_step, args.checkpointing, allowance,
+                 micro_batch, tokens // per_micro_step, checkpointing, allowance_bytes,
                  gpu_memory.small_tensor_elements(shape))
 
 
