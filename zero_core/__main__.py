@@ -1,7 +1,12 @@
 """`python -m zero_core COMMAND ...`: the course's command line (see `python -m zero_core --help`)."""
 
+import os
 import sys
 
 from zero_core.cli import main
 
-sys.exit(main())
+try:
+    sys.exit(main())
+except BrokenPipeError:  # the reader left early (`... | head`): nothing more to say, and no traceback
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    sys.exit(1)

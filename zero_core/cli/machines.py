@@ -59,27 +59,30 @@ def machines_text() -> str:
     return "\n\n".join(describe(name, MACHINES[name]) for name in sorted(MACHINES))
 
 
-def preset_choice(option: str, names: list[str], describe_all: Callable[[], str]) -> type[argparse.Action]:
-    """The action of `OPTION NAME` (one of `names`) or `OPTION list`, which prints `describe_all()` and exits:
-    `--machine` here, `--model` in `zero_core.cli.model_choice`."""
+class PresetChoice(argparse.Action):
+    """`OPTION NAME` (one of `names`) or `OPTION list`, which prints `describe_all()` and exits: `--machine`
+    here, `--model` in `zero_core.cli.model_choice`."""
 
-    class PresetChoice(argparse.Action):
-        def __call__(self, parser: argparse.ArgumentParser, namespace: Any, value: Any, given: Any = None) -> None:
-            if value == LIST:
-                print(describe_all())
-                parser.exit(0)
-            if value not in names:
-                parser.error(f"argument {option}: no preset {value!r}; choose one of {', '.join(names)} "
-                             f"({option} {LIST} describes them)")
-            setattr(namespace, self.dest, value)
+    def __init__(self, option_strings: list[str], dest: str, names: list[str], describe_all: Callable[[], str],
+                 **options: Any) -> None:
+        super().__init__(option_strings, dest, **options)
+        self.names, self.describe_all = names, describe_all
 
-    return PresetChoice
+    def __call__(self, parser: argparse.ArgumentParser, namespace: Any, value: Any, given: Any = None) -> None:
+        option = self.option_strings[0]
+        if value == LIST:
+            print(self.describe_all())
+            parser.exit(0)
+        if value not in self.names:
+            parser.error(f"argument {option}: no preset {value!r}; choose one of {', '.join(self.names)} "
+                         f"({option} {LIST} describes them)")
+        setattr(namespace, self.dest, value)
 
 
 def machine_argument(parser: argparse.ArgumentParser, help_text: str, **options: Any) -> None:
     """Add `--machine` to `parser`: a preset's short name, or `list`."""
     parser.add_argument(
-        "--machine", action=preset_choice("--machine", sorted(MACHINES), machines_text),
+        "--machine", action=PresetChoice, names=sorted(MACHINES), describe_all=machines_text,
         metavar="{" + ",".join([*sorted(MACHINES), LIST]) + "}",
         help=f"{help_text}; `list` describes every preset and its sources", **options
     )

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from zero_core.cli.errors import UsageError
-from zero_core.cli.machines import LIST, preset_choice, preset_facts
+from zero_core.cli.machines import LIST, PresetChoice, preset_facts
 from zero_core.facts import fact
 from zero_core.planner import configuration_time
 from zero_core.planner.models import PRESETS, ModelShape, custom_shape
@@ -63,7 +63,7 @@ def add_arguments(p: argparse.ArgumentParser, example: str) -> None:
     """--params, --model and the shape flags, shared by `table` and `plan`."""
     p.add_argument("--params", type=_count, help=f"parameters Ψ, like {example} (or give --model)")
     p.add_argument(
-        "--model", action=preset_choice("--model", list(PRESETS), presets_text), metavar="NAME",
+        "--model", action=PresetChoice, names=list(PRESETS), describe_all=presets_text, metavar="NAME",
         help=f"a model preset: {', '.join(PRESETS)}; Ψ from its shape; `list` describes them and their sources",
     )
     p.add_argument("--layers", type=_positive, help="transformer blocks (with --hidden: a GPT of this shape)")
