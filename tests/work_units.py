@@ -19,6 +19,7 @@ from xdist.scheduler import LoadScopeScheduling
 SHARED_MODULE_FIXTURES = {
     "tests/test_all_to_all.py",
     "tests/test_browser.py",
+    "tests/test_check_planner.py",
     "tests/test_exercises_in_sync.py",
     "tests/test_hsdp.py",
     "tests/test_launch.py",
