@@ -230,6 +230,29 @@ def test_files_out_of_rank_order_fail_the_consolidation(tmp_path: Path) -> None:
         ex10.consolidate(tmp_path)
 
 
+def consolidate_in_file_name_order(directory: Path) -> dict[str, torch.Tensor]:
+    """Wrong: the rank files in the order a plain sort of their names gives (rank 10 before rank 2), each file's
+    pieces of a layer put one after another, the ranges the files record ignored. Returns the masters."""
+    checkpoints = [torch.load(path, weights_only=True) for path in sorted(directory.glob("zero_pp_rank_*"))]
+    masters = {}
+    for index, (name, *_) in enumerate(checkpoints[0]["layers"]):
+        pieces = []
+        for checkpoint in checkpoints:
+            offset = sum(end - start for _, _, start, end in checkpoint["layers"][:index])
+            _, _, start, end = checkpoint["layers"][index]
+            pieces.append(checkpoint["shards"]["master"][offset : offset + end - start])
+        masters[name] = torch.cat(pieces)
+    return masters
+
+
+def test_twelve_rank_files_read_in_name_order_scramble_the_masters(tmp_path: Path) -> None:
+    run(1, 12, 1, save_to=tmp_path)
+    reference = zero0_states(12, 1)
+    assert differences(ex10.consolidate(tmp_path), reference) == []
+    scrambled = consolidate_in_file_name_order(tmp_path)
+    assert any(not torch.equal(scrambled[name], values) for name, values in reference["master"].items())
+
+
 def largest_layer_fp32_bytes() -> int:
     return 4 * max(layer_numels())
 

@@ -32,7 +32,8 @@ from zero_core.registry import stage_class
 from zero_core.stages.base import TrainConfig, ZeroStage
 
 STATES = ("master", "m", "v")
-"""The fp32 optimizer states every element has: master weight, Adam's first and second moment."""
+"""The fp32 optimizer states every element has: master weight, Adam's first and second moment (`AdamShard`'s
+attributes of the same names)."""
 
 
 def rank_file(directory: str | Path, rank: int) -> Path:
@@ -49,11 +50,11 @@ def owned_states(stage: ZeroStage, rank: int) -> dict[str, torch.Tensor]:
     optimizer = stage.optimizer
     if stage.partitions_optimizer_states:
         return {"master": optimizer.master, "m": optimizer.m, "v": optimizer.v}
-    ranges = [layer.partition.owned_range(rank) for layer in stage.layers]
     pieces = {name: [] for name in STATES}
-    for layer, (start, end) in zip(stage.layers, ranges, strict=True):
-        for name, values in zip(STATES, (layer.master.master, layer.master.m, layer.master.v), strict=True):
-            pieces[name].append(values[start:end])
+    for layer in stage.layers:
+        start, end = layer.partition.owned_range(rank)
+        for name in STATES:
+            pieces[name].append(getattr(layer.master, name)[start:end])
     return {name: torch.cat(values) for name, values in pieces.items()}
 
 
@@ -67,8 +68,9 @@ def partitions_parameters(stage: ZeroStage) -> bool:
 def save_shards(stage: ZeroStage, rank: int, directory: str | Path) -> Path:
     """Write rank `rank`'s shards to its own file; returns the file. No collective, no full tensor.
 
-    `torch.save` writes a view's whole storage (DeepSpeed clones tensors before saving for that reason), so
-    a padded ZeRO-3 parameter shard is cut to its owned elements first: padding never reaches the disk.
+    `torch.save` writes a view's whole storage, which is why DeepSpeed passes its slices of flat buffers through
+    `clone_tensors_for_torch_save` (deepspeed/checkpoint/utils.py) first. A padded ZeRO-3 parameter shard is
+    copied to its owned elements for the same reason: padding never reaches the disk.
     """
     if rank != stage.rank:
         raise ValueError(f"rank {stage.rank} was asked to save rank {rank}'s shards; each rank saves its own")
@@ -92,41 +94,43 @@ def save_shards(stage: ZeroStage, rank: int, directory: str | Path) -> Path:
     return rank_file(directory, rank)
 
 
+def read_rank_file(directory: str | Path, rank: int) -> dict[str, Any]:
+    """Rank `rank`'s file, its tensors on the CPU (plain tensors and numbers only: `weights_only`)."""
+    return torch.load(rank_file(directory, rank), map_location="cpu", weights_only=True)
+
+
 def consolidate(directory: str | Path) -> dict[str, Any]:
     """The full fp32 state from the rank files: {"step", "loss_scaler", "shapes", "master", "m", "v"}, the last
-    three by layer name, each layer flattened (weight then bias).
+    four by layer name, each layer flattened (weight then bias).
 
     Files are read one at a time, by rank number, so the process holds the full state plus one rank's file.
     Every element must come from exactly one rank: the ranks' ranges of a layer must follow each other from 0
     to its size (a missing, repeated or reordered file, or a padded shard, is an error, not a silent shift).
     """
-    first = torch.load(rank_file(directory, 0), weights_only=True)
-    world_size = first["world_size"]
-    state = {"step": first["step"], "loss_scaler": first["loss_scaler"], "shapes": {}, **{s: {} for s in STATES}}
-    filled = {}
-    for rank in range(world_size):
-        checkpoint = first if rank == 0 else torch.load(rank_file(directory, rank), weights_only=True)
+    first = read_rank_file(directory, 0)
+    del first["shards"]  # its layout and step are what every file is checked against
+    shapes = {name: [torch.Size(s) for s in layer_shapes] for name, layer_shapes, _, _ in first["layers"]}
+    state = {"step": first["step"], "loss_scaler": first["loss_scaler"], "shapes": shapes}
+    for name in STATES:
+        state[name] = {layer: torch.empty(sum(s.numel() for s in shapes[layer])) for layer in shapes}
+    filled = dict.fromkeys(shapes, 0)
+    for rank in range(first["world_size"]):
+        checkpoint = read_rank_file(directory, rank)
         _check_same_run(checkpoint, first, rank)
         offset = 0
-        for name, shapes, start, end in checkpoint["layers"]:
-            if rank == 0:
-                numel = sum(torch.Size(s).numel() for s in shapes)
-                state["shapes"][name] = [torch.Size(s) for s in shapes]
-                for s in STATES:
-                    state[s][name] = torch.empty(numel, dtype=torch.float32)
-                filled[name] = 0
-            if start != filled[name]:
-                raise ValueError(f"rank {rank}'s range of {name} starts at {start}, not where rank {rank - 1}'s ended "
-                                 f"({filled[name]}): a file is missing, repeated or out of order")
-            for s in STATES:
-                state[s][name][start:end] = checkpoint["shards"][s][offset : offset + end - start]
-            filled[name], offset = end, offset + end - start
+        for layer, _, start, end in checkpoint["layers"]:
+            if start != filled[layer]:
+                raise ValueError(f"rank {rank}'s range of {layer} starts at {start}, not where rank {rank - 1}'s "
+                                 f"ended ({filled[layer]}): a file is missing, repeated or out of order")
+            for name in STATES:
+                state[name][layer][start:end] = checkpoint["shards"][name][offset : offset + end - start]
+            filled[layer], offset = end, offset + end - start
         if offset != checkpoint["shards"]["master"].numel():
             raise ValueError(f"rank {rank}'s file holds {checkpoint['shards']['master'].numel()} elements, its "
                              f"ranges {offset}: padding or another rank's elements were written")
-    unfilled = [name for name, values in state["master"].items() if filled[name] != values.numel()]
+    unfilled = [layer for layer, values in state["master"].items() if filled[layer] != values.numel()]
     if unfilled:
-        raise ValueError(f"the {world_size} rank files leave the end of {unfilled} unwritten")
+        raise ValueError(f"the {first['world_size']} rank files leave the end of {unfilled} unwritten")
     return state
 
 
@@ -150,8 +154,8 @@ def load_into(stage: ZeroStage, state: dict[str, Any]) -> None:
             raise ValueError(f"{layer.name}: the checkpoint's shapes {state['shapes'][layer.name]} are not the "
                              f"model's {layer.shapes}")
         start, end = stage.master_range(layer)
-        for name, values in zip(STATES, (layer.master.master, layer.master.m, layer.master.v), strict=True):
-            values.copy_(state[name][layer.name][start:end])
+        for name in STATES:
+            getattr(layer.master, name).copy_(state[name][layer.name][start:end])
     stage.adam_steps = state["step"]
     for field, value in state["loss_scaler"].items():
         setattr(stage.scaler, field, value)
