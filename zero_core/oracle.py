@@ -7,6 +7,10 @@ the global batch's mean loss, so every ZeRO stage at every N should train like t
 With gradient accumulation (`micro_steps` k) an optimizer step's batch is its k micro-steps' global
 batches concatenated, and with `max_norm` the gradient is clipped by `torch.nn.utils.clip_grad_norm_`
 before Adam: what `AccumulatingZero2` must equal.
+
+`resume_single_device` starts the same training from a consolidated checkpoint instead of the initial weights
+(fp32 masters, Adam's m and v and step, per layer: what `zero_core.answers.ex10.consolidate` returns): what a
+run resumed from that checkpoint on any number of ranks must equal.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from zero_core.model import build_model, global_batch, loss_fn, parameter_layers
-from zero_core.partition import flatten
+from zero_core.partition import flatten, unflatten
 from zero_core.stages.base import TrainConfig
 from zero_core.variants.accumulating import accumulation_data_step
 
@@ -63,3 +67,33 @@ def accumulated_batch(
         for j in range(micro_steps)
     ]
     return torch.cat([p[0] for p in pairs]), torch.cat([p[1] for p in pairs])
+
+
+def resume_single_device(
+    config: TrainConfig, state: dict, world_size: int, start_step: int, steps: int
+) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """Losses and final fp32 weights per layer of `steps` steps from a consolidated `state`, on the global
+    batches of steps `start_step`... for `world_size` ranks: torch.optim.Adam given the saved moments and step."""
+    model = build_model(config.model, config.seed)
+    adam = config.adam
+    optimizer = torch.optim.Adam(model.parameters(), lr=adam.lr, betas=(adam.beta1, adam.beta2), eps=adam.eps)
+    with torch.no_grad():
+        for name, module in parameter_layers(model):
+            params = list(module.parameters())
+            shapes = [p.shape for p in params]
+            moments = zip(unflatten(state["m"][name], shapes), unflatten(state["v"][name], shapes), strict=True)
+            for param, value, (m, v) in zip(params, unflatten(state["master"][name], shapes), moments, strict=True):
+                param.copy_(value)
+                optimizer.state[param] = {
+                    "step": torch.tensor(float(state["step"])), "exp_avg": m.clone(), "exp_avg_sq": v.clone()
+                }
+    losses = []
+    for step in range(start_step, start_step + steps):
+        inputs, targets = global_batch(config.model, world_size, step, config.seed)
+        optimizer.zero_grad()
+        loss = loss_fn(model(inputs), targets)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    weights = {name: flatten([p.detach() for p in module.parameters()]) for name, module in parameter_layers(model)}
+    return losses, weights

@@ -4,6 +4,8 @@
 `ex06.py` (`GradientBuckets`), `ex07.py` (`Prefetcher`), `ex08.py` (`accumulate_gradient`,
 `clip_global_norm`) and `ex09.py` (`hierarchical_all_gather`). Nothing in the library imports them: a
 stage names the piece it runs through `zero_core.registry`, which imports it only when the stage runs it.
+`ex10.py` (`save_shards`, `consolidate`, `load_into`) is no piece of a step: checkpoints are written and read
+between steps, so no stage names it, and the lessons and tests call it directly.
 So the grading sandbox leaves this folder's answers out (`autograder.walls`, each exercise's
 `ANSWER_MODULES`; an earlier exercise's answer stays where a later one builds on it, as ex06 builds on
 ex03's), and the grader trains the stage with the student's piece in their place.
