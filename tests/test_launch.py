@@ -14,7 +14,6 @@ key bias cut out. The ledger counts bytes under the ring model from shapes alone
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import json
 import os
@@ -60,27 +59,13 @@ def torchrun(nproc: int, *args: str, timeout_s: float = 110.0) -> subprocess.Com
     try:
         out, err = run.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        kill_tree(run.pid)
+        divergent_ranks.kill_tree(run.pid)
         out, err = run.communicate(timeout=30)
         pytest.fail(
             f"torchrun with {nproc} processes did not finish within {timeout_s:g} s; "
             f"its stdout ended with:\n{out[-1500:]}\nits stderr ended with:\n{err[-3000:]}"
         )
     return subprocess.CompletedProcess(command, run.returncode, out, err)
-
-
-def kill_tree(pid: int) -> None:
-    """SIGKILL a process and all its descendants. torchrun starts each rank in a session of its own, so
-    killing torchrun's process group would leave the ranks running, holding the pipes the test reads."""
-    try:
-        parent = psutil.Process(pid)
-        processes = [*parent.children(recursive=True), parent]
-    except psutil.NoSuchProcess:
-        return
-    for process in processes:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            process.kill()
-    psutil.wait_procs(processes, timeout=10)
 
 
 def real_run(

@@ -20,6 +20,7 @@ until the process group's timeout, and `--stacks-after` prints where each rank i
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
@@ -170,7 +171,7 @@ def under_torchrun(
             _, err = process.communicate(timeout=bound_s)
             exit_code: int | None = process.returncode
         except subprocess.TimeoutExpired:
-            _kill_tree(process.pid)
+            kill_tree(process.pid)
             _, err = process.communicate()
             exit_code = None
         return TorchrunRun(kind, environment, command, exit_code, time.monotonic() - started, rank_lines(err))
@@ -191,15 +192,15 @@ def rank_lines(stderr: str) -> list[str]:
     return lines
 
 
-def _kill_tree(pid: int) -> None:
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process and all its descendants. torchrun starts each rank in a session of its own, so
+    killing torchrun's process group would leave the ranks running, holding the pipes the caller reads."""
     try:
         parent = psutil.Process(pid)
         processes = [*parent.children(recursive=True), parent]
     except psutil.NoSuchProcess:
         return
     for process in processes:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             process.kill()
-        except psutil.NoSuchProcess:
-            pass
     psutil.wait_procs(processes, timeout=10)
