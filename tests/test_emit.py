@@ -169,11 +169,11 @@ reports = []
 for path in plans:
     namespace = {}
     exec(compile(open(path).read(), path, "exec"), namespace)
-    model = build_model(preset("micro"))
+    model = build_model(preset("tiny"))
     namespace["shard_model"](model, list(model.blocks), "cpu")
     before = [p.to_local().clone() for p in model.parameters()]
     optimizer = torch.optim.Adam(model.parameters())
-    loss = loss_fn(model(micro_batch(preset("micro"), int(rank), 0)[0]), micro_batch(preset("micro"), int(rank), 0)[1])
+    loss = loss_fn(model(micro_batch(preset("tiny"), int(rank), 0)[0]), micro_batch(preset("tiny"), int(rank), 0)[1])
     loss.backward()
     optimizer.step()
     reports.append({
