@@ -1,9 +1,10 @@
 """A copy of the course to run the README's `make` commands in, and `make lab` started there.
 
-The copy shares the repository's virtual environment through a symbolic link. Its `pyproject.toml` is
-dated no later than that environment's install stamp, so `make` in the copy never reinstalls the
-package: an editable install made from the copy would point the shared environment at a folder the test
-then deletes.
+The copy shares the repository's virtual environment through a symbolic link. Its install recipe
+(`pyproject.toml`, `constraints.txt`: what the Makefile's install stamp depends on) is dated before that
+environment's install stamp, so `make` in the copy never reinstalls the package: an editable install made
+from the copy would point the shared environment at a folder the test then deletes, and every later
+`import zero_core` would fail.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ def git_ignored() -> tuple[str, ...]:
 
 
 LEFT_OUT = (".git", *git_ignored())
+INSTALL_RECIPE = tuple(re.search(r"^\$\(STAMP\):(.*)$", (ROOT / "Makefile").read_text(), re.M).group(1).split())
+"""What the Makefile's install stamp depends on, read from its rule."""
 LAB_URL = re.compile(r"(http://127\.0\.0\.1:\d+)(/lab\S*)\?token=(\w+)")
 PRINTED: dict[str, str] = {}
 """What the last `started_lab` read: the printed URL's path, and the server's PATH (its terminals')."""
@@ -43,7 +46,10 @@ def copy_course(destination: Path) -> Path:
     shutil.copytree(ROOT, destination, ignore=shutil.ignore_patterns(*LEFT_OUT), copy_function=shutil.copy2)
     (destination / ".venv").symlink_to(ROOT / ".venv")
     stamp = (ROOT / ".venv" / ".installed").stat().st_mtime
-    os.utime(destination / "pyproject.toml", (stamp - 1, stamp - 1))
+    for recipe in INSTALL_RECIPE:
+        if (ROOT / recipe).stat().st_mtime > stamp:
+            raise RuntimeError(f"{recipe} changed after the venv was installed: run `make .venv/.installed` first")
+        os.utime(destination / recipe, (stamp - 1, stamp - 1))
     return destination
 
 

@@ -2,7 +2,7 @@
 
 `make lab` runs in a copy of the course (so that the lab's autosave never touches the repository), as the
 README says to start it; the browser opens lesson 5 from the URL the lab printed, runs every cell from the
-Run menu, reads the calculator's table, moves the "GB per GPU" slider one step with the keyboard and sees
+Run menu, reads the calculator's table, moves the "GiB per GPU" slider one step with the keyboard and sees
 the table change; then it opens an exercise from the file browser. Screenshots of each stage are kept in
 `out/browser/` (or `$BROWSER_SCREENSHOTS`). Where no Chromium and chromedriver are installed the test says
 so and skips; under CI (`CI=true`), whose `.ci/run` installs them, it fails instead.
@@ -84,20 +84,21 @@ def test_lesson_5_runs_in_the_browser_and_its_calculator_answers_a_slider(lab, b
     browser.save_screenshot(str(SCREENSHOTS / "lesson05_opened.png"))
 
     click_menu(browser, "Run", "Run All Cells")
-    until(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, ".widget-slider")) == 4, seconds=300)
+    until(browser, lambda d: [s for s in d.find_elements(By.CSS_SELECTOR, ".widget-slider") if "GiB per GPU" in s.text],
+          seconds=300)
     until(browser, lambda d: "fits" in calculator_table(d))
     first = calculator_table(browser)
     browser.save_screenshot(str(SCREENSHOTS / "lesson05_ran.png"))
-    assert "Ψ = 7.5B, N = 64, 32 GB per GPU, 50 GB/s" in first and "fits 32 GB" in first
+    assert "--model llama-2-13b --gpu-memory 40GiB --nodes 4" in first and "fits 40 GiB" in first
 
-    slider = next(s for s in browser.find_elements(By.CSS_SELECTOR, ".widget-slider") if "GB per GPU" in s.text)
+    slider = next(s for s in browser.find_elements(By.CSS_SELECTOR, ".widget-slider") if "GiB per GPU" in s.text)
     browser.execute_script("arguments[0].scrollIntoView({block: 'center'});", slider)
     handle = slider.find_element(By.CSS_SELECTOR, ".noUi-handle")
     handle.click()
     handle.send_keys(Keys.ARROW_RIGHT)
-    until(browser, lambda d: "fits 40 GB" in calculator_table(d), seconds=30)
+    until(browser, lambda d: "fits 48 GiB" in calculator_table(d), seconds=30)
     browser.save_screenshot(str(SCREENSHOTS / "lesson05_slider_moved.png"))
-    assert "Ψ = 7.5B, N = 64, 40 GB per GPU, 50 GB/s" in calculator_table(browser)
+    assert "--model llama-2-13b --gpu-memory 48GiB --nodes 4" in calculator_table(browser)
 
 
 def test_an_exercise_opens_from_the_file_browser(lab, browser) -> None:
