@@ -2,7 +2,8 @@
 
 A ZeRO checkpoint is N files, one per rank, each holding only what that rank owns, as DeepSpeed writes its
 `zero_pp_rank_{r}_mp_rank_00_optim_states.pt` files and as FSDP2's sharded state dicts hold each rank's local
-shards: saving needs no communication and no rank ever holds the whole model. Three functions:
+shards: saving needs no communication and no rank ever holds the whole model. The files' names and what
+every file must hold are `zero_core.checkpoint_files`'s. Three functions:
 
 - `save_shards(stage, rank, directory)`: the rank writes its fp32 masters, Adam's m and v, its fp16 parameters
   where the stage partitions them (ZeRO-3), the step and the loss scale, *without padding*, with what it takes
@@ -28,17 +29,9 @@ from typing import Any
 
 import torch
 
+from zero_core.checkpoint_files import STATES, rank_file, read_rank_file
 from zero_core.registry import stage_class
 from zero_core.stages.base import TrainConfig, ZeroStage
-
-STATES = ("master", "m", "v")
-"""The fp32 optimizer states every element has: master weight, Adam's first and second moment (`AdamShard`'s
-attributes of the same names)."""
-
-
-def rank_file(directory: str | Path, rank: int) -> Path:
-    """Rank `rank`'s file, named like DeepSpeed's `zero_pp_rank_{r}_mp_rank_00_optim_states.pt`."""
-    return Path(directory) / f"zero_pp_rank_{rank}_states.pt"
 
 
 def owned_states(stage: ZeroStage, rank: int) -> dict[str, torch.Tensor]:
@@ -92,11 +85,6 @@ def save_shards(stage: ZeroStage, rank: int, directory: str | Path) -> Path:
     Path(directory).mkdir(parents=True, exist_ok=True)
     torch.save(checkpoint, rank_file(directory, rank))
     return rank_file(directory, rank)
-
-
-def read_rank_file(directory: str | Path, rank: int) -> dict[str, Any]:
-    """Rank `rank`'s file, its tensors on the CPU (plain tensors and numbers only: `weights_only`)."""
-    return torch.load(rank_file(directory, rank), map_location="cpu", weights_only=True)
 
 
 def consolidate(directory: str | Path) -> dict[str, Any]:
