@@ -7,7 +7,8 @@ STAMP := $(VENV)/.installed
 PIP_OPTIONS ?=
 
 ASSIGNMENTS := ex01_collectives ex02_zero1_sharded_adam ex03_zero2_reduce_scatter_backward ex04_zero3_gather_linear \
-	ex05_memory_planning ex06_bucketed_overlap ex07_zero3_prefetch ex08_clip_and_accumulate ex09_hierarchical_allgather
+	ex05_memory_planning ex06_bucketed_overlap ex07_zero3_prefetch ex08_clip_and_accumulate ex09_hierarchical_allgather \
+	ex10_sharded_checkpoints
 # nbgrader's own commands need the venv's bin on PATH (it runs alembic from there): nothing to activate.
 # The grading parents run as `python -I`: nothing from PYTHONPATH or a user site reaches them.
 NBGRADER := PATH="$(abspath $(VENV))/bin:$$PATH" $(abspath $(VENV))/bin/python -I -m nbgrader

@@ -1,6 +1,6 @@
 """The course's autograder: checks that catch wrong ZeRO implementations, for nbgrader, pytest and a CLI.
 
-One module per exercise (`ex01` ... `ex09`) lists its checks (`CHECKS`) and exposes them as functions a
+One module per exercise (`ex01` ... `ex10`) lists its checks (`CHECKS`) and exposes them as functions a
 notebook's test cell calls (`grader.check_training(ReduceScatterLinear, world_sizes=[2, 4])`). Each
 check observes the student's code and judges what it saw (`checks`): observing plugs the student's piece
 into the reference training loop (`harness`) and returns the run as data (`records`); judging compares

@@ -36,7 +36,7 @@ from autograder.harness import explain_failure, run_once
 from autograder.integrity import REFERENCE_MODULES, answer_modules, require_own_code
 from autograder.records import count, decode_floats, encode_floats, is_int, well_formed
 from zero_core.checkpoint_files import STATES, rank_file, read_rank_file
-from zero_core.cluster import VirtualCluster
+from zero_core.cluster import VirtualCluster, one_torch_thread
 from zero_core.context import current
 from zero_core.model import build_model, parameter_layers, preset
 from zero_core.partition import FlatPartition
@@ -207,6 +207,7 @@ def _resumed_data(results: list[dict[str, Any]]) -> dict[str, Any]:
 def _observe_stage(functions: dict[str, Any], stage_number: int, world_size: int, seed: int, scratch: Path) -> dict:
     """Save on `world_size` ranks, consolidate the files and a rewritten copy, resume on the same ranks."""
     saved = scratch / f"zero{stage_number}_n{world_size}"
+    saved.mkdir()
     growths = _attempt("save_shards", lambda: VirtualCluster(world_size).run(
         _save_on_rank, stage_number, CONFIG, str(saved), functions["save_shards"]))
     if isinstance(growths, dict):
@@ -234,6 +235,7 @@ def _observe_stage(functions: dict[str, Any], stage_number: int, world_size: int
 def _observe_resized(functions: dict[str, Any], world_size: int, new_world_size: int, scratch: Path) -> dict:
     """ZeRO-3 saves in fp32 on `world_size` ranks; the consolidation resumes on `new_world_size` ranks."""
     saved = scratch / f"fp32_zero3_n{world_size}"
+    saved.mkdir()
     done = _attempt("save_shards", lambda: VirtualCluster(world_size).run(
         _save_on_rank, 3, FP32, str(saved), functions["save_shards"]))
     if isinstance(done, dict):
@@ -255,7 +257,7 @@ def observe_checkpoints(*functions: Callable, world_sizes: list[int], seed: int 
     world_size, new_world_size = world_sizes
 
     def make() -> dict[str, Any]:
-        with tempfile.TemporaryDirectory(prefix="ex10-") as scratch:
+        with tempfile.TemporaryDirectory(prefix="ex10-") as scratch, one_torch_thread():
             return {
                 "stages": {str(s): _observe_stage(named, s, world_size, seed, Path(scratch)) for s in STAGES},
                 "resized": _observe_resized(named, world_size, new_world_size, Path(scratch)),
@@ -289,8 +291,12 @@ def zero0_trajectory(world_size: int, steps: int, config: TrainConfig = CONFIG) 
     """Per rank, ZeRO-0's losses, and its full fp32 masters, m, v and step after `steps` steps (rank 0's are the
     full state every stage's ranks hold between them, bit for bit)."""
     key = (world_size, steps, config.precision)
-    return recorded.outcome("ex10_zero0", key, lambda: VirtualCluster(world_size).run(_zero0_on_rank, config, steps),
-                            _trajectory_to_data, _trajectory_from_data)
+
+    def make() -> list[dict[str, Any]]:
+        with one_torch_thread():  # as the grading child runs (`OMP_NUM_THREADS=1`): the same bits
+            return VirtualCluster(world_size).run(_zero0_on_rank, config, steps)
+
+    return recorded.outcome("ex10_zero0", key, make, _trajectory_to_data, _trajectory_from_data)
 
 
 def oracle_resumed(world_size: int, new_world_size: int) -> tuple[list[float], dict[str, torch.Tensor]]:

@@ -38,6 +38,7 @@ from zero_core.cluster import (
     RankFailed,
     RunTimeout,
     VirtualCluster,
+    one_torch_thread,
 )
 from zero_core.comm import CommLedger
 from zero_core.context import current
@@ -228,12 +229,8 @@ def train_observed(
         if witnessed_collectives:
             options["backend"] = functools.partial(WitnessedBackend, link=_witness)
     cluster = VirtualCluster(world_size, timeout_s=COLLECTIVE_TIMEOUT_S, seed=CONFIG.seed, **options)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_torch_thread():
         results = cluster.run(_train_rank, graded, functions, steps, config, observed, deadline_s=RUN_DEADLINE_S)
-    finally:
-        torch.set_num_threads(threads)
     records = [record for record, _ in results]
     run = Run.of(world_size, steps, records, cluster.trackers, cluster.ledger, layer_partitions(world_size))
     if _witness is not None:

@@ -38,6 +38,7 @@ EXERCISES = {
     "ex07_zero3_prefetch": "autograder.ex07",
     "ex08_clip_and_accumulate": "autograder.ex08",
     "ex09_hierarchical_allgather": "autograder.ex09",
+    "ex10_sharded_checkpoints": "autograder.ex10",
 }
 
 

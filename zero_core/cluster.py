@@ -103,6 +103,23 @@ def _combine_outside_dispatch_modes(combine: Callable[[list[Any]], Any], payload
 
 
 @contextmanager
+def one_torch_thread() -> Iterator[None]:
+    """Run torch's ops on one thread each while the block runs (the rank threads are the parallelism).
+
+    Two reasons: N rank threads each starting an intra-op pool oversubscribe the cores, and some kernels
+    (LayerNorm's reductions among them) split their sums by the thread count, so the same run rounds
+    differently on machines with different cores. Every run whose bits are compared, the grading child's
+    (`OMP_NUM_THREADS=1`) and the references it is compared with, runs inside this.
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+@contextmanager
 def _older_objects_frozen() -> Iterator[None]:
     """Keep the garbage collector's full collections to what the run itself allocates.
 

@@ -36,7 +36,7 @@ import torch
 
 from zero_core import dist, memory
 from zero_core.backends.base import ReduceOp, reduce_in_rank_order
-from zero_core.cluster import VirtualCluster
+from zero_core.cluster import VirtualCluster, one_torch_thread
 from zero_core.optim import has_overflow
 from zero_core.report import assemble_master_weights
 from zero_core.stages.base import TrainConfig, ZeroStage, layer_tag
@@ -200,12 +200,8 @@ def train(
                 skipped.append(step)
         return losses, shards, skipped, stage.scaler.scale, list(getattr(stage, "grad_norms", []))
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_torch_thread():
         ranks = VirtualCluster(world_size, seed=config.seed).run(on_rank)
-    finally:
-        torch.set_num_threads(threads)
     return Trajectory(
         losses=[sum(r[0][step] for r in ranks) / world_size for step in range(steps)],
         masters=[assemble_master_weights([r[1][step] for r in ranks]) for step in range(steps)],

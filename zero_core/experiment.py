@@ -18,12 +18,10 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from zero_core import memory
 from zero_core.backends.base import CollectiveCall
 from zero_core.backends.virtual import VirtualBackend
-from zero_core.cluster import VirtualCluster
+from zero_core.cluster import VirtualCluster, one_torch_thread
 from zero_core.context import current
 from zero_core.flops import FlopMeter
 from zero_core.report import PHASES, RankResult, StageReport, build_report
@@ -165,12 +163,8 @@ def run_stage(
         raise ValueError(f"steps must be at least 1, got {steps}")
     config = config or TrainConfig()
     cluster = VirtualCluster(world_size, timeout_s=timeout_s, seed=config.seed, max_running=max_running)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_torch_thread():
         results: list[RankResult] = cluster.run(train_on_rank, config, stage, steps, functions, on_step, gpus_per_node)
-    finally:
-        torch.set_num_threads(threads)
     return build_report(
         stage, world_size, steps, config, cluster.ledger, cluster.trackers, results, gpus_per_node=gpus_per_node
     )
