@@ -34,7 +34,7 @@ from autograder import recorded
 from autograder.checks import Check, CheckFailed, describe_exception, graded
 from autograder.harness import explain_failure, run_once
 from autograder.integrity import REFERENCE_MODULES, answer_modules, require_own_code
-from autograder.records import count, decode_floats, encode_floats, is_int, well_formed
+from autograder.records import count, decode_floats, encode_floats, is_int, is_number, well_formed
 from zero_core.checkpoint_files import STATES, rank_file, read_rank_file
 from zero_core.cluster import VirtualCluster, one_torch_thread
 from zero_core.context import current
@@ -66,11 +66,14 @@ reference's files hold about 2 KB of it)."""
 PARAM_BYTES = {1: 0, 2: 0, 3: 2}
 """Per owned element, what a rank may save beyond its 12 bytes of fp32 master, m and v: ZeRO-3's low-precision
 parameter shard (ZeRO-1/2 keep the parameters whole: the masters rounded give them back)."""
-VISIBLE = {"world_sizes": [4, 3]}
+VISIBLE = {"world_sizes": [3, 4]}
+"""Save on 3 ranks (where the micro GPT's layers need padding: 2,048 elements are not a multiple of 3), resume
+on 3 and on 4."""
 HIDDEN_CELL = {"world_sizes": [12, 5]}
 """Save on the first world size, resume on it and on the second. 12 ranks name files 10 and 11, which a plain
 sort of the names puts before 2."""
-HIDDEN_SAVE_SIZES = (10, 11, 12, 13)
+HIDDEN_SAVE_SIZES = (11, 12, 13)
+"""More than 10 ranks, so that there is a rank 10 (whose file a plain sort of the names puts before rank 2's)."""
 HIDDEN_RESUME_SIZES = (2, 3, 5, 6, 7)
 
 
@@ -333,6 +336,9 @@ def _part(observation: Any, *keys: str) -> Any:
 
 def _differing(state: dict[str, Any], expected: dict[str, Any], what: str) -> None:
     """`CheckFailed` naming the first state and layers that are not bit for bit the expected ones."""
+    well_formed(isinstance(state, dict) and is_int(state.get("step")) and all(
+        isinstance(state.get(name), dict) and set(state[name]) == set(expected[name]) for name in STATES),
+        f"{what}: the state's step and layers")
     if state["step"] != expected["step"]:
         raise CheckFailed(f"{what} says step {state['step']}; ZeRO-0 took {expected['step']} steps. Adam's bias "
                           "correction divides by 1 - beta^t: the step is part of the state")
@@ -419,12 +425,25 @@ def judge_consolidation(observation: Any, world_sizes: list[int], seed: int = 0)
 def _assembled(masters: list[dict[str, Any]], numels: dict[str, int], what: str) -> dict[str, torch.Tensor]:
     """The full masters from each rank's [start, end, values] per layer (ZeRO-0's ranks each hold all)."""
     full = {layer: torch.full((numel,), float("nan")) for layer, numel in numels.items()}
+    well_formed(isinstance(masters, list), f"{what}: the masters")
     for rank in masters:
         well_formed(isinstance(rank, dict) and set(rank) == set(numels), f"{what}: not every layer")
-        for layer, (start, end, values) in rank.items():
+        for layer, entry in rank.items():
+            well_formed(isinstance(entry, list) and len(entry) == 3, f"{what}: a layer's masters")
+            start, end, values = entry
             well_formed(is_int(start) and is_int(end) and 0 <= start <= end <= numels[layer], f"{what}: a range")
             full[layer][start:end] = decode_floats(values, end - start, what)
     return full
+
+
+def _losses(resumed: Any, ranks: int, what: str) -> list[list[float]]:
+    """Each rank's `STEPS` resumed losses, as numbers; `ObservationInvalid` for anything else."""
+    losses = resumed.get("losses") if isinstance(resumed, dict) else None
+    well_formed(isinstance(losses, list) and len(losses) == ranks, f"{what}: not one list of losses per rank")
+    for rank in losses:
+        well_formed(isinstance(rank, list) and len(rank) == STEPS and all(is_number(x) for x in rank),
+                    f"{what}: a rank's losses are not {STEPS} numbers")
+    return losses
 
 
 def judge_resume(observation: Any, world_sizes: list[int], seed: int = 0) -> str:
@@ -436,13 +455,12 @@ def judge_resume(observation: Any, world_sizes: list[int], seed: int = 0) -> str
     for stage in STAGES:
         resumed = _part(observation, "stages", str(stage), "resumed")
         what = f"ZeRO-{stage} resumed on {n} ranks"
-        well_formed(len(resumed["losses"]) == n, f"{what}: not one list of losses per rank")
-        for rank, losses in enumerate(resumed["losses"]):
+        for rank, losses in enumerate(_losses(resumed, n, what)):
             if losses != whole[rank]["losses"][STEPS:]:
                 raise CheckFailed(f"{what}: rank {rank}'s losses {losses} are not those of the run that never stopped "
                                   f"({whole[rank]['losses'][STEPS:]}). Does load_into give every rank its masters, m, "
                                   "v, the step, and refresh the low-precision parameters from the masters?")
-        masters = _assembled(resumed["masters"], numels, what)
+        masters = _assembled(resumed.get("masters"), numels, what)
         wrong = [layer for layer, values in masters.items() if not torch.equal(values, whole[0]["master"][layer])]
         if wrong:
             raise CheckFailed(f"{what}: the masters of {', '.join(wrong[:3])} differ from the run that never stopped")
@@ -451,10 +469,9 @@ def judge_resume(observation: Any, world_sizes: list[int], seed: int = 0) -> str
     for stage in RESIZED_STAGES:
         resumed = _part(observation, "resized", str(stage))
         what = f"ZeRO-3's fp32 files from {n} ranks resumed as ZeRO-{stage} on {m} ranks"
-        well_formed(len(resumed["losses"]) == m, f"{what}: not one list of losses per rank")
-        mean = [sum(step) / m for step in zip(*resumed["losses"], strict=True)]
+        mean = [sum(step) / m for step in zip(*_losses(resumed, m, what), strict=True)]
         gap = max(abs(a - b) for a, b in zip(mean, oracle_losses, strict=True))
-        masters = _assembled(resumed["masters"], numels, what)
+        masters = _assembled(resumed.get("masters"), numels, what)
         error = max(((oracle_weights[k] - w).norm() / oracle_weights[k].norm()).item() for k, w in masters.items())
         if not (gap < loss_tolerance and error < weight_tolerance):
             raise CheckFailed(f"{what}: |Δ loss| {gap:.2e} and relative weight error {error:.2e} from the "

@@ -18,7 +18,7 @@ import textwrap
 from functools import cache
 from pathlib import Path
 
-from zero_core.answers import ex03, ex04, ex06, ex07, ex08, ex09
+from zero_core.answers import ex03, ex04, ex06, ex07, ex08, ex09, ex10
 from zero_core.stages import sharding, zero1
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,6 +38,7 @@ REFERENCE_ANSWERS = {
     "ex07's Prefetcher": ex07,
     "ex08's accumulate_gradient and clip_global_norm": ex08,
     "ex09's hierarchical_all_gather": ex09,
+    "ex10's save_shards, consolidate and load_into": ex10,
 }
 
 

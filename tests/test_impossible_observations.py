@@ -208,6 +208,46 @@ def test_ex09_gather_measurements_that_cannot_be_true_earn_nothing(change: str, 
     assert_cannot_be_true(check, changed, phrase)
 
 
+# -- ex10: what the course read of the files, and of the runs resumed from them ------------------------------
+
+
+def _ex10_rank_file(o: dict) -> dict:
+    return o["stages"]["2"]["files"][0]
+
+
+EX10_CHANGES = {
+    "a file larger than the address space": (
+        "test_files", lambda o: _ex10_rank_file(o).__setitem__("bytes", ADDRESS_SPACE_BYTES + 1), "size"),
+    "a file of negative size": ("test_files", lambda o: _ex10_rank_file(o).__setitem__("bytes", -1), "size"),
+    "a file missing from the list": ("test_files", lambda o: o["stages"]["1"]["files"].pop(), "one file per rank"),
+    "shards that are no values": (
+        "test_files", lambda o: _ex10_rank_file(o)["shards"]["m"].__setitem__(2, "not base64!"), "base64"),
+    "a negative memory figure": ("test_memory", lambda o: o["stages"]["3"]["growth"].__setitem__(0, -8), "memory"),
+    "a rank without a memory figure": ("test_memory", lambda o: o["stages"]["3"]["growth"].pop(), "memory figure"),
+    "a consolidated state without a layer": (
+        "test_consolidation", lambda o: o["stages"]["1"]["consolidated"]["v"].pop("wte"), "layers"),
+    "losses that are not numbers": (
+        "test_resume", lambda o: o["stages"]["1"]["resumed"]["losses"][0].__setitem__(0, "3.9"), "numbers"),
+    "a master range beyond its layer": (
+        "test_resume", lambda o: o["stages"]["1"]["resumed"]["masters"][0]["wte"].__setitem__(1, 10**9), "a range"),
+    "no resume on the second world size": ("test_resume", lambda o: o["resized"].pop("3"), "resized/3"),
+}
+
+
+@pytest.mark.ex10
+def test_ex10_observations_that_cannot_be_true_earn_nothing() -> None:
+    """One observation serves every check (they share it), changed one part at a time."""
+    check, observation = genuine("ex10_sharded_checkpoints", "test_files")
+    checks = {c.name: c for c in exercise_module("ex10_sharded_checkpoints").CHECKS}
+    assert all(judge_check(checks[name], observation).passed for name, _, _ in EX10_CHANGES.values())
+    for change, (name, edit, phrase) in EX10_CHANGES.items():
+        changed = copy.deepcopy(observation)
+        edit(changed)
+        result = judge_check(checks[name], changed)
+        assert result.points == 0 and result.message.startswith(IMPOSSIBLE) and phrase in result.message, (
+            change, result.message)
+
+
 # -- ex01 and ex05: values returned by the student's functions -----------------------------------------------
 
 

@@ -68,6 +68,10 @@ CLASS = {
         "bob": "wrong/ex09_flat_all_gather.py",
         "ursula": "correct/ex09_one_gather_in_the_node_then_block_swaps.py",
     },
+    "ex10_sharded_checkpoints": {
+        "bob": "wrong/ex10_resumes_with_the_step_at_zero.patch",
+        "ursula": "correct/ex10_recomputes_the_ranges_from_the_partition.py",
+    },
     "ex05_memory_planning": {
         "bob": "wrong/ex05_wrong_formula.patch",
         "mallory": "wrong/ex05_forges_the_results_file.py",

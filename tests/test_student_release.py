@@ -4,8 +4,8 @@ solutions, tests or secret, in which `check` grades the visible checks from reco
 Each release is checked the way a student would check in it: a process whose only course is the release
 (the instructor's editable install is taken off its import path, so an answer the release lacks cannot be
 found anywhere), grading a notebook through `python -m autograder check`, in the walls where the machine
-builds them. The releases cover a stage exercise (ex02), the formulas (ex05), an oracle of its own (ex08)
-and a stage whose runs carry links (ex09).
+builds them. The releases cover a stage exercise (ex02), the formulas (ex05), an oracle of its own (ex08), a
+stage whose runs carry links (ex09) and checkpoints resumed from recorded trajectories (ex10).
 """
 
 from __future__ import annotations
@@ -81,7 +81,8 @@ def test_a_wrong_answer_loses_its_visible_checks_in_the_release(release_ex02: Pa
 
 
 @pytest.mark.parametrize(
-    "assignment", ["ex05_memory_planning", "ex08_clip_and_accumulate", "ex09_hierarchical_allgather"]
+    "assignment",
+    ["ex05_memory_planning", "ex08_clip_and_accumulate", "ex09_hierarchical_allgather", "ex10_sharded_checkpoints"],
 )
 def test_every_kind_of_recorded_reference_grades_the_solution(assignment: str, tmp_path: Path) -> None:
     release = build(assignment, tmp_path / "release", run_lessons=False, say=lambda line: None)
