@@ -483,7 +483,8 @@ def judge_resume(observation: Any, world_sizes: list[int], seed: int = 0) -> str
 def judge_everything(observation: Any, world_sizes: list[int], seed: int = 0) -> str:
     for judge in (judge_files, judge_memory, judge_consolidation, judge_resume):
         judge(observation, world_sizes, seed)
-    return f"saved on {world_sizes[0]} ranks, consolidated and resumed on {world_sizes[0]} and {world_sizes[1]}"
+    return (f"saved on {world_sizes[0]} ranks, consolidated, and resumed on {world_sizes[0]} ranks and on "
+            f"{world_sizes[1]} ranks")
 
 
 check_files = graded("check_files", observe_checkpoints, judge_files)

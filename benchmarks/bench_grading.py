@@ -77,7 +77,7 @@ def hand_in(submitted: Path, student: str, assignments: list[str]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--students", type=int, default=3, help="submissions in the batch (default 3)")
-    parser.add_argument("--assignments", help="comma-separated assignments (default: all nine)")
+    parser.add_argument("--assignments", help="comma-separated assignments (default: all of them)")
     args = parser.parse_args()
     assignments = args.assignments.split(",") if args.assignments else list(EXERCISES)
     unknown = sorted(set(assignments) - set(EXERCISES))

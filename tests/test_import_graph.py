@@ -54,7 +54,7 @@ LAYERS = (
     ("context",),
     ("comm", "memory", "schedule", "flops", "reachable"),
     ("backends", "call_sites", "cluster", "cpu_turns", "dist"),
-    ("model", "partition", "optim", "divergent_ranks"),
+    ("model", "partition", "optim", "divergent_ranks", "checkpoint_files"),
     ("registry",),
     ("stages",),
     ("variants", "answers"),

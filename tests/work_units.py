@@ -3,7 +3,7 @@
 A test worker is a process of its own, so a module-scoped fixture is made once in every worker that runs a
 test of its module. The modules whose fixtures train, launch or grade (`SHARED_MODULE_FIXTURES`) run whole in
 one worker; the nbgrader round trip grades one class per assignment, and each assignment's tests run in one
-worker (`PER_ASSIGNMENT_MODULES`), so its nine classes are graded side by side, each once.
+worker (`PER_ASSIGNMENT_MODULES`), so its classes (one per assignment) are graded side by side, each once.
 
 xdist's own grouping by mark (`--dist loadgroup`) does not group under pytest 9.2: it renames `item._nodeid`,
 which pytest 9 no longer reads. `tests/conftest.py` hands xdist this scheduler instead, which groups by the
