@@ -312,6 +312,32 @@ def test_the_kernel_counts_the_childs_peak_memory() -> None:
     assert large.peak_rss_bytes - small.peak_rss_bytes > 280 * 2**20
 
 
+def test_the_kernel_count_includes_a_grandchild_started_from_a_thread() -> None:
+    """The sampler walks the child's whole tree, thread by thread: 300 MiB held by a process that a second
+    thread of the child started (a walk of the main thread's children alone, or of the child alone, misses it),
+    and the tree it walks is the one psutil finds by reading every process's parent."""
+    from autograder.child_process import _descendants_by_scan, descendants
+
+    grandchild = ("import time; block = bytearray(300 * 2**20); block[::4096] = b'x' * len(block[::4096]); "
+                  "time.sleep(3)")
+    child = ("import subprocess, sys, threading, time\n"
+             "started = []\n"
+             "def start():\n"
+             f"    started.append(subprocess.Popen([sys.executable, '-c', {grandchild!r}]))\n"
+             "    started[0].wait()  # the thread lives on: its child stays its own, not the main thread's\n"
+             "worker = threading.Thread(target=start); worker.start()\n"
+             "while not started: time.sleep(0.01)\n"
+             "time.sleep(0.5); print(started[0].pid, flush=True); worker.join()\n")
+    watcher = subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE, text=True)
+    grandchild_pid = int(watcher.stdout.readline())
+    assert set(descendants(watcher.pid)) == set(_descendants_by_scan(watcher.pid)) == {watcher.pid, grandchild_pid}
+    watcher.wait(timeout=60)
+    read, write = os.pipe()
+    run = run_child([sys.executable, "-c", child], None, 60, (read, write))
+    assert run.returncode == 0
+    assert run.peak_rss_bytes > 300 * 2**20
+
+
 
 def attack(name: str):
     from tests.fixture_text import read_fixture
