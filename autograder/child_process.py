@@ -119,8 +119,9 @@ def descendants(pid: int) -> list[int]:
     processes that thread started, as the kernel lists them): the cost follows the child's own tree. psutil's
     `children(recursive=True)` reads the parent of every process on the machine instead, which took a grading
     parent about 10% of a core at one sample per `RSS_SAMPLE_S` with 70 processes running, and more on a busy
-    grading machine, beside the child it waits for. Where the kernel has no such files (built without
-    CONFIG_PROC_CHILDREN), psutil's walk."""
+    grading machine, beside the child it waits for. A list that cannot be read while its thread still exists
+    (a kernel built without CONFIG_PROC_CHILDREN, a process this user may not inspect) is never skipped: the
+    whole walk is then psutil's."""
     found, waiting = [], [pid]
     while waiting:
         process = waiting.pop()
@@ -128,17 +129,14 @@ def descendants(pid: int) -> list[int]:
         try:
             threads = os.listdir(f"/proc/{process}/task")
         except OSError:
-            continue
+            continue  # the process ended
         for thread in threads:
             try:
                 with open(f"/proc/{process}/task/{thread}/children") as listed:
                     waiting += [int(child) for child in listed.read().split()]
-            except FileNotFoundError:
-                if not os.path.exists(f"/proc/{process}/task/{thread}"):
-                    continue  # the thread ended between the listing and the read
-                return _descendants_by_scan(pid)
             except OSError:
-                continue
+                if os.path.exists(f"/proc/{process}/task/{thread}"):
+                    return _descendants_by_scan(pid)
     return found
 
 

@@ -9,7 +9,7 @@ grade: grades a class. DIR holds one folder per student, named by the student id
 anywhere below it, found by file name (nbgrader's `submitted/<student>/<assignment>/<assignment>.ipynb`
 layout works as is). Every notebook is graded in its own child process with a time and a memory limit, so a
 notebook that loops, crashes or exits costs its own points and never stops the batch. `--jobs J` grades J
-students at a time (`autograder.batch`; default one per core), with the same grades as one at a time. Writes
+notebooks at a time (`autograder.batch`; default one per core), with the same grades as one at a time. Writes
 `--out` (CSV: one row per student, points per assignment, total) atomically after every student, and
 `--feedback DIR/<student>.txt` (every check's message), each atomically. A rerun skips students whose
 notebooks have not changed since their row (a fingerprint of the notebooks' bytes, column `submitted`),
@@ -200,26 +200,20 @@ def feedback_text(student: str, graded: dict[str, list[CheckResult]], walled: bo
     return "\n".join(lines) + "\n"
 
 
-def grade_student(
+def grade_assignment(
     student_dir: Path,
-    assignments: list[str],
+    assignment: str,
     limits: Limits,
     protected: tuple[Path, ...] = (),
     secret: bytes | None = None,
-) -> dict[str, list[CheckResult]]:
-    """Every assignment of one student, the hidden checks drawn from `secret`; `protected` (the grades file,
-    the feedback folder) is out of the submission's reach."""
-    notebooks = find_notebooks(student_dir, assignments)
-    graded = {}
-    for assignment in assignments:
-        if assignment in notebooks:
-            graded[assignment] = grade_notebook(notebooks[assignment], assignment, limits, protected, secret)
-        else:
-            graded[assignment] = [
-                CheckResult(c.name, 0, c.points, f"no {assignment}.ipynb submitted")
-                for c in exercise_module(assignment).CHECKS
-            ]
-    return graded
+) -> list[CheckResult]:
+    """One assignment of one student, the hidden checks drawn from `secret`; `protected` (the grades file,
+    the feedback folder) is out of the submission's reach. 0 points everywhere if no notebook was handed in."""
+    notebook = find_notebooks(student_dir, [assignment]).get(assignment)
+    if notebook is None:
+        missing = f"no {assignment}.ipynb submitted"
+        return [CheckResult(c.name, 0, c.points, missing) for c in exercise_module(assignment).CHECKS]
+    return grade_notebook(notebook, assignment, limits, protected, secret)
 
 
 def student_row(done: Finished, submitted: str, walled: bool, key: bytes, fieldnames: list[str]) -> dict:
@@ -267,10 +261,12 @@ def run_grade_command(args: argparse.Namespace) -> int:
     limits = _limits(args, walled)
     feedback_dir.mkdir(parents=True, exist_ok=True)
     if pending and not args.no_progress:
-        print(f"grading {len(pending)} students, {min(args.jobs, len(pending))} at a time (--jobs)", file=sys.stderr)
+        notebooks = len(pending) * len(assignments)
+        print(f"grading {len(pending)} students ({notebooks} notebooks), {min(args.jobs, notebooks)} notebooks at a "
+              "time (--jobs)", file=sys.stderr)
     protected = (out, Path(args.key) if args.key else key_path(out), feedback_dir)
-    grade = functools.partial(grade_student, assignments=assignments, limits=limits, protected=protected, secret=secret)
-    batch = Batch(pending, args.jobs, grade)
+    grade = functools.partial(grade_assignment, limits=limits, protected=protected, secret=secret)
+    batch = Batch(pending, assignments, args.jobs, grade)
     for count, done in enumerate(batch.finished(), 1):
         row = student_row(done, fingerprints[done.student], walled, key, fieldnames)
         write_text_atomically(feedback_dir / f"{done.student}.txt", feedback_text(done.student, done.graded, walled))
@@ -357,7 +353,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--jobs",
         type=jobs_count,
         default=cores,
-        help=f"students graded at once, each notebook still in its own child with the same limits (default: one per "
+        help=f"notebooks graded at once, each still in its own child with the same limits (default: one per "
         f"core this process may use, {cores} here); the grades are the same for any J",
     )
     grade.add_argument(

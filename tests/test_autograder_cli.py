@@ -120,29 +120,36 @@ def without_timings(path: Path) -> list[list[str]]:
 def test_grade_writes_the_csv_and_feedback_the_same_at_any_jobs_and_survives_a_broken_notebook(
     fake_class: Path, tmp_path: Path
 ) -> None:
-    """Two students at a time (carol's file, not a notebook, has no child): the CSV, row for row, and every
-    feedback file, byte for byte, as one at a time writes them."""
+    """Two notebooks at a time, alice's two assignments possibly on two threads (carol's file, not a notebook, has
+    no child; bob and carol handed in no ex01): the CSV, row for row, and every feedback file, byte for byte, as
+    one at a time writes them, each student's row whole."""
+    ex01 = "ex01_collectives"
+    (fake_class / "alice" / ex01).mkdir()
+    shutil.copy(ROOT / "solutions" / ex01 / f"{ex01}.ipynb", fake_class / "alice" / ex01 / f"{ex01}.ipynb")
+    both = f"{EX05},{ex01}"
     out, feedback = tmp_path / "grades.csv", tmp_path / "feedback"
     done = run_autograder("grade", str(fake_class), "--out", str(out), "--feedback", str(feedback),
-                          "--assignments", EX05, "--jobs", "2")
+                          "--assignments", both, "--jobs", "2")
     assert done.returncode == 0, done.stderr
-    assert "grading 3 students, 2 at a time" in done.stderr and "graded 3/3 students" in done.stderr
+    assert "grading 3 students (6 notebooks), 2 notebooks at a time" in done.stderr, done.stderr
+    assert "graded 3/3 students" in done.stderr
     one_out, one_feedback = tmp_path / "one" / "grades.csv", tmp_path / "one" / "feedback"
     alone = run_autograder("grade", str(fake_class), "--out", str(one_out), "--feedback", str(one_feedback),
-                           "--assignments", EX05, "--jobs", "1", "--no-progress")
+                           "--assignments", both, "--jobs", "1", "--no-progress")
     assert alone.returncode == 0 and "graded" not in alone.stderr, alone.stderr
     assert without_timings(out) == without_timings(one_out)
     assert {p.name: p.read_bytes() for p in feedback.iterdir()} == {
         p.name: p.read_bytes() for p in one_feedback.iterdir()
     }
     grades = read_grades(out)
-    assert {s: (g[EX05], g["total"], g["max_total"]) for s, g in grades.items()} == {
-        "alice": ("10", "10", "10"),
-        "bob": ("2", "2", "10"),
-        "carol": ("0", "0", "10"),
+    assert {s: (g[EX05], g[ex01], g["total"], g["max_total"]) for s, g in grades.items()} == {
+        "alice": ("10", "10", "20", "20"),
+        "bob": ("2", "0", "2", "20"),
+        "carol": ("0", "0", "0", "20"),
     }
     bob = (feedback / "bob.txt").read_text()
-    assert "2Ψ + 14Ψ/N" in bob and bob.rstrip().endswith("total: 2/10 points")
+    assert "2Ψ + 14Ψ/N" in bob and bob.rstrip().endswith("total: 2/20 points")
+    assert f"no {ex01}.ipynb submitted" in bob
     carol = (feedback / "carol.txt").read_text()
     assert "not graded: ex05_memory_planning.ipynb is not a notebook (not JSON" in carol
 

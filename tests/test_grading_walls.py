@@ -209,12 +209,12 @@ def as_a_normal_user(command: list[str]) -> list[str]:
 def test_the_walls_hold_for_a_grader_who_is_a_normal_user() -> None:
     """The walls' tests above, again as an instructor who is not root: the walls are then one bubblewrap in
     user namespaces (uid 65534 inside, the instructor's own uid outside)."""
-    chosen = "built_for or nobody or absent or tmpfs or namespace or full_marks"
+    chosen = "built_for or nobody or absent or tmpfs or namespace or full_marks or every_process_inside"
     command = [sys.executable, "-I", "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", chosen, __file__]
     done = subprocess.run(as_a_normal_user(command), capture_output=True, text=True, timeout=300,
                           stdin=subprocess.DEVNULL)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
-    assert "6 passed" in done.stdout, done.stdout[-1000:]
+    assert "7 passed" in done.stdout, done.stdout[-1000:]
 
 
 @needs_walls
@@ -312,31 +312,45 @@ def test_the_kernel_counts_the_childs_peak_memory() -> None:
     assert large.peak_rss_bytes - small.peak_rss_bytes > 280 * 2**20
 
 
+HOLDING_GRANDCHILD = ("import time; block = bytearray(300 * 2**20); block[::4096] = b'x' * len(block[::4096]); "
+                      "time.sleep(3)")
+HOLDING_CHILD = ("import subprocess, sys, threading, time\n"
+                 "started = []\n"
+                 "def start():\n"
+                 f"    started.append(subprocess.Popen([sys.executable, '-c', {HOLDING_GRANDCHILD!r}]))\n"
+                 "    started[0].wait()  # the thread lives on: its child stays its own, not the main thread's\n"
+                 "worker = threading.Thread(target=start); worker.start()\n"
+                 "while not started: time.sleep(0.01)\n"
+                 "time.sleep(0.5); print(started[0].pid, flush=True); worker.join()\n")
+"""A child whose second thread starts a process that holds 300 MiB: a walk of the child alone, or of its main
+thread's children alone, misses that memory."""
+
+
 def test_the_kernel_count_includes_a_grandchild_started_from_a_thread() -> None:
-    """The sampler walks the child's whole tree, thread by thread: 300 MiB held by a process that a second
-    thread of the child started (a walk of the main thread's children alone, or of the child alone, misses it),
-    and the tree it walks is the one psutil finds by reading every process's parent."""
+    """The sampler walks the child's whole tree, thread by thread, and the tree it walks is the one psutil finds
+    by reading every process's parent."""
     from autograder.child_process import _descendants_by_scan, descendants
 
-    grandchild = ("import time; block = bytearray(300 * 2**20); block[::4096] = b'x' * len(block[::4096]); "
-                  "time.sleep(3)")
-    child = ("import subprocess, sys, threading, time\n"
-             "started = []\n"
-             "def start():\n"
-             f"    started.append(subprocess.Popen([sys.executable, '-c', {grandchild!r}]))\n"
-             "    started[0].wait()  # the thread lives on: its child stays its own, not the main thread's\n"
-             "worker = threading.Thread(target=start); worker.start()\n"
-             "while not started: time.sleep(0.01)\n"
-             "time.sleep(0.5); print(started[0].pid, flush=True); worker.join()\n")
-    watcher = subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE, text=True)
+    watcher = subprocess.Popen([sys.executable, "-c", HOLDING_CHILD], stdout=subprocess.PIPE, text=True)
     grandchild_pid = int(watcher.stdout.readline())
     assert set(descendants(watcher.pid)) == set(_descendants_by_scan(watcher.pid)) == {watcher.pid, grandchild_pid}
     watcher.wait(timeout=60)
     read, write = os.pipe()
-    run = run_child([sys.executable, "-c", child], None, 60, (read, write))
+    run = run_child([sys.executable, "-c", HOLDING_CHILD], None, 60, (read, write))
     assert run.returncode == 0
     assert run.peak_rss_bytes > 300 * 2**20
 
+
+@needs_walls
+def test_the_kernel_count_sees_every_process_inside_the_walls() -> None:
+    """The same inside the walls, where the sampler reads processes of uid 65534 in namespaces of their own:
+    as root here (the layered walls), as a normal user in `test_the_walls_hold_for_a_grader_who_is_a_normal_user`
+    (user namespaces)."""
+    line, seccomp_fd = WALLS.wrap([sys.executable, "-I", "-c", HOLDING_CHILD], [], {"PATH": "/usr/bin:/bin"})
+    read, write = os.pipe()
+    run = run_child(line, None, 60, (read, write), tuple(fd for fd in (seccomp_fd,) if fd >= 0))
+    assert run.returncode == 0, run.stderr_tail
+    assert run.peak_rss_bytes > 300 * 2**20
 
 
 def attack(name: str):
