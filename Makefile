@@ -19,7 +19,7 @@ ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
 TIME_LIMIT ?= 120
 CHECK_TIME_LIMIT ?= 30
 GRADE_LIMITS := --time-limit $(TIME_LIMIT) --check-time-limit $(CHECK_TIME_LIMIT)
-# Students the batch grader grades at once (`make grade JOBS=2`); empty: its default, one per core. The wall time
+# Notebooks the batch grader grades at once (`make grade JOBS=2`); empty: its default, one per core. The wall time
 # changes, not the grades: every notebook still has its own child and the bounds above.
 JOBS ?=
 

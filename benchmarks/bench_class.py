@@ -134,8 +134,31 @@ def grades(out: Path) -> list[dict[str, str]]:
         return [{k: v for k, v in row.items() if k not in TIMED_COLUMNS} for row in csv.DictReader(handle)]
 
 
-def row(label: str, seconds: float, notebooks: int) -> str:
-    return f"  {label:<46} {seconds:7.1f} s {seconds / notebooks:6.2f} s per notebook"
+def busy_core_seconds() -> float | None:
+    """The machine's CPU time so far, all cores and every process (`/proc/stat`, in its clock ticks), or None
+    where there is no /proc/stat: what shows how many cores a grading kept busy, so run the benchmark alone."""
+    try:
+        with open("/proc/stat") as stat:
+            ticks = [int(field) for field in stat.readline().split()[1:]]
+    except OSError:
+        return None
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")  # all but idle and iowait
+
+
+def timed_grade(the_class: Class, out: Path, jobs: int) -> tuple[float, float | None]:
+    """(wall seconds, core-seconds the machine was busy) of one `grade` of the class."""
+    before = busy_core_seconds()
+    seconds = grade(the_class, out, jobs)
+    after = busy_core_seconds()
+    return seconds, None if before is None or after is None else after - before
+
+
+def row(label: str, seconds: float, notebooks: int, busy: float | None = None) -> str:
+    """A grading's line: wall seconds, per notebook, and below it how many cores the machine kept busy."""
+    line = f"  {label:<46} {seconds:7.1f} s {seconds / notebooks:6.2f} s per notebook"
+    if busy is not None:
+        line += f"\n    the machine busy {busy:,.0f} core-s: {busy / seconds:.2f} cores on average"
+    return line
 
 
 def breakdown(the_class: Class) -> None:
@@ -159,13 +182,13 @@ def breakdown(the_class: Class) -> None:
 def measure(the_class: Class, work: Path, jobs: int, unshared: int) -> None:
     """Grade the class with --jobs 1 and --jobs `jobs`, and its first `unshared` students a grader each."""
     print(the_class.describe())
-    one = grade(the_class, work / "jobs1", 1)
-    print(row("grade --jobs 1", one, the_class.notebooks))
+    one, busy = timed_grade(the_class, work / "jobs1", 1)
+    print(row("grade --jobs 1", one, the_class.notebooks, busy))
     if jobs > 1:
-        many = grade(the_class, work / f"jobs{jobs}", jobs)
+        many, busy = timed_grade(the_class, work / f"jobs{jobs}", jobs)
         same = "identical" if grades(work / "jobs1") == grades(work / f"jobs{jobs}") else "DIFFERENT"
         target = f" (target {TARGET_SPEEDUP:g}x: {'met' if one / many >= TARGET_SPEEDUP else 'NOT met'})"
-        print(row(f"grade --jobs {jobs}", many, the_class.notebooks))
+        print(row(f"grade --jobs {jobs}", many, the_class.notebooks, busy))
         print(f"    {one / many:.2f}x the speed of --jobs 1{target if jobs == 2 else ''}; the grades {same}")
     breakdown(the_class)
     if unshared:
@@ -189,7 +212,7 @@ def main() -> None:
     parser.add_argument("--unshared", type=int, default=8,
                         help="students graded a grader each, for the time without sharing (default 8; 0: none)")
     parser.add_argument("--jobs", type=int, default=len(os.sched_getaffinity(0)),
-                        help="students at once for the parallel run (default: the cores this process may use)")
+                        help="notebooks at once for the parallel run (default: the cores this process may use)")
     args = parser.parse_args()
     if args.assignment not in EXERCISES:
         parser.error(f"unknown assignment {args.assignment!r}; the course has {', '.join(EXERCISES)}")

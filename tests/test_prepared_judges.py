@@ -35,6 +35,8 @@ def test_judging_a_graded_notebook_makes_no_run_that_was_not_prepared(assignment
     prepared, oracle_runs = reference_keys(), stage_checks.oracle_run.cache_info().currsize
     assert prepared and oracle_runs  # the training checks' world sizes
     assert len(STAGE_EXERCISES) == 7
+    # a term's grading parent keeps every assignment's references at once, else it remakes them for every student
+    assert len(prepared) * len(STAGE_EXERCISES) <= harness.CACHED_RUNS, len(prepared)
 
     submission = load(ROOT / "solutions" / assignment / f"{assignment}.ipynb")
     results = list(grade_submission(submission, checks))

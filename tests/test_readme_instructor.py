@@ -66,7 +66,7 @@ def test_the_instructor_commands_grade_a_class_as_the_readme_says(tmp_path: Path
     hand_in(course, "aaron", solution.replace("def model_state_bytes(", endless, 1))
     env = {key: value for key, value in os.environ.items() if key not in ("VIRTUAL_ENV", "PYTHONPATH")}
     env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if ".venv" not in p)
-    env["JOBS"] = "2"  # `make grade` grades two students at a time: aaron's loop beside the others
+    env["JOBS"] = "2"  # `make grade` grades two notebooks at a time: aaron's loop beside the others
     env["CHECK_TIME_LIMIT"] = "10"  # aaron's loop costs 10 s of a core twice (autograde, grade), not 30 s twice
 
     commands = shell_commands("### Instructors")
