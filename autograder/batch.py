@@ -8,9 +8,8 @@ start children, wait for them and judge what came back. A student is finished wh
 parent's main thread takes each student as they finish (`Batch.finished`) and writes the feedback and the CSV
 itself, rows in the students' order whatever order they finish in, so `--jobs` changes the wall time only.
 
-The unit is a notebook, not a student, so that the cores stay busy to the end: with a student a unit, a term
-of 8 students handing in all ten assignments ended with one thread grading the last student's notebooks alone,
-and `--jobs 2` was 1.30x the speed of `--jobs 1` on two cores (docs/grading.md has the figures).
+The unit is a notebook, not a student, so that the cores stay busy to the end of a batch: with a student a
+unit, a term's batch could end with one thread grading the last student's ten notebooks alone.
 """
 
 from __future__ import annotations
