@@ -125,6 +125,8 @@ def descendants(pid: int) -> list[int]:
     found, waiting = [], [pid]
     while waiting:
         process = waiting.pop()
+        if process in found:  # listed twice: its parent thread ended between two reads, and it moved to another
+            continue
         found.append(process)
         try:
             threads = os.listdir(f"/proc/{process}/task")

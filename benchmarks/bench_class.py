@@ -8,7 +8,10 @@ early, and which would make the class faster or slower than a real one). Then gr
 `python -m autograder grade` as an instructor would, every notebook in its own walled child:
 
 - `--jobs 1`, then `--jobs J` (J = the cores this process may use): the speed-up, and that the grades are the
-  same (every column but the seconds). Target: `--jobs 2` at least 1.8x faster than `--jobs 1`.
+  same (every column but the seconds). Target: `--jobs 2` at least 1.8x faster than `--jobs 1`. Under each
+  grading, the core-seconds the machine was busy (`/proc/stat`: run it alone); beside the target, the bound
+  that sets: J jobs share J cores, and one job alone already keeps (busy / wall) of them busy, so J jobs can be
+  at most J x wall / busy times as fast, less the start and the end of the batch.
 - where one notebook's time goes: a solution notebook of each assignment graded by this process from nothing
   (the judges' references made while its child runs) and again with them made, as every later notebook of a
   batch is: the difference is the references' share.
@@ -182,12 +185,15 @@ def breakdown(the_class: Class) -> None:
 def measure(the_class: Class, work: Path, jobs: int, unshared: int) -> None:
     """Grade the class with --jobs 1 and --jobs `jobs`, and its first `unshared` students a grader each."""
     print(the_class.describe())
-    one, busy = timed_grade(the_class, work / "jobs1", 1)
-    print(row("grade --jobs 1", one, the_class.notebooks, busy))
+    one, busy_one = timed_grade(the_class, work / "jobs1", 1)
+    print(row("grade --jobs 1", one, the_class.notebooks, busy_one))
     if jobs > 1:
         many, busy = timed_grade(the_class, work / f"jobs{jobs}", jobs)
         same = "identical" if grades(work / "jobs1") == grades(work / f"jobs{jobs}") else "DIFFERENT"
-        target = f" (target {TARGET_SPEEDUP:g}x: {'met' if one / many >= TARGET_SPEEDUP else 'NOT met'})"
+        met = "met" if one / many >= TARGET_SPEEDUP else "NOT met"
+        # the bound: J jobs share J cores, and one job alone already kept busy_one / one of them busy
+        bound = f"; bound {jobs * one / busy_one:.2f}x" if busy_one else ""
+        target = f" (target {TARGET_SPEEDUP:g}x: {met}{bound})"
         print(row(f"grade --jobs {jobs}", many, the_class.notebooks, busy))
         print(f"    {one / many:.2f}x the speed of --jobs 1{target if jobs == 2 else ''}; the grades {same}")
     breakdown(the_class)
