@@ -11,7 +11,7 @@ child's resident memory from that run's beginning, which the child announces to 
 nothing in the child can lower it. The sized run's collectives stay in the child (through the witness
 they would cost more than the run); its verdict is about memory only. A fresh child that trains the
 reference stage the same way, walled like the student's, gives the figure to compare with
-(`reference_figures`, once per exercise in a grading process).
+(`reference_figures`, once per exercise and machine: `autograder.reference_store` keeps it).
 
 The verdict (`judge`): the kernel's excess over the reference, less what the audit itself saw in excess (up
 to one copy: beyond that the audit's own memory rules speak), must stay within `ALLOWED_COPIES` copies of
@@ -22,16 +22,18 @@ children; the fixture that keeps every gathered layer as a NumPy array
 (`tests/fixtures/wrong/ex07_keeps_every_layer_gathered_outside_torch.patch`) 227 MiB above. What it does
 not see: a copy smaller than the margin, or one kept only on world sizes other than the sized run's.
 `benchmarks/bench_grading.py` prints what the run costs: about 1-1.6 s for the sized run in the grading
-child, and 3.4-4.2 s for the reference child, which a grading process starts once per exercise.
+child, and 3.4-4.2 s for the reference child, started once per exercise on a machine
+(`autograder.reference_store` keeps its figures).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import platform
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from functools import cache
 from typing import Any
 
@@ -143,6 +145,18 @@ REFERENCE_BOOT = (
 
 @cache
 def reference_figures(assignment: str) -> Figures:
+    """The kernel's figures of the reference stage of `assignment` on this machine (`measure_reference`):
+    once per process, and kept in the reference store (`autograder.reference_store`) for the next."""
+    from autograder import reference_store, walls
+    from autograder.sandbox import Limits
+
+    walled = not isinstance(walls.available(), str)
+    key = (assignment, platform.node(), walled, Limits().memory_bytes)
+    return reference_store.kept("kernel", key, lambda: measure_reference(assignment), asdict,
+                                lambda data: Figures(**data))
+
+
+def measure_reference(assignment: str) -> Figures:
     """The sized run of the reference stage of `assignment`, in a fresh child made as the grading child is
     (walled where this machine builds walls, its memory limited, its collectives through a witness),
     measured the same way."""

@@ -39,7 +39,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-from autograder import child_guard, recorded, walls
+from autograder import child_guard, recorded, reference_store, walls
 from autograder.checks import (
     Check,
     CheckResult,
@@ -175,7 +175,7 @@ def grade_notebook(
         else:
             seccomp_fd = -1
             env = dict(os.environ, **CHILD_ENVIRONMENT)
-            hidden = (*protected, *answers, secret_path())
+            hidden = (*protected, *answers, secret_path(), reference_store.location())
             env[child_guard.PROTECTED_VARIABLE] = os.pathsep.join(str(p.resolve()) for p in hidden)
         passed = tuple(fd for fd in (witness_fd, seccomp_fd) if fd >= 0)
         preparing = threading.Thread(target=prepare_judges, args=(exercise, checks), name="prepare-judges")

@@ -209,7 +209,8 @@ class StageExercise:
             yield GradedRun(self.label(n, settings[n]), run, reference, settings[n])
 
     def reference_for(self, n: int, setting: Any, config: TrainConfig) -> Run:
-        """The reference run on `n` ranks, made once per process (`run_once`); CheckFailed if it failed."""
+        """The reference run on `n` ranks, made once per process (`run_once`; read back from the reference store
+        where an earlier process made it); CheckFailed if it failed."""
         key = (self.exercise, "reference", n, config.precision, setting)
         make = functools.partial(self.reference_run, key, n, setting, config)
         return run_once(key, (), make, f"reference on {n} ranks")

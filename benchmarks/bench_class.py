@@ -12,6 +12,9 @@ early, and which would make the class faster or slower than a real one). Then gr
   grading, the core-seconds the machine was busy (`/proc/stat`: run it alone); beside the target, the bound
   that sets: J jobs share J cores, and one job alone already keeps (busy / wall) of them busy, so J jobs can be
   at most J x wall / busy times as fast, less the start and the end of the batch.
+- `--jobs 1` again, on a new output folder but with the reference store the first `--jobs 1` filled
+  (`autograder.reference_store`), as an instructor's next grading on the same machine: what reading the judges'
+  references back instead of making them saves. Every other grading here has a new, empty store of its own.
 - where one notebook's time goes: a solution notebook of each assignment graded by this process from nothing
   (the judges' references made while its child runs) and again with them made, as every later notebook of a
   batch is: the difference is the references' share.
@@ -45,6 +48,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from autograder.grade_file import new_key  # noqa: E402
+from autograder.reference_store import STORE_VARIABLE  # noqa: E402
 from autograder.sandbox import grade_notebook  # noqa: E402
 from autograder.student_release import forget_cached_references  # noqa: E402
 from autograder.submission import EXERCISES  # noqa: E402
@@ -116,15 +120,19 @@ class Class:
         return f"{self.students} students x {len(self.assignments)} assignment(s): {self.notebooks} notebooks ({kinds})"
 
 
-def grade(the_class: Class, out: Path, jobs: int, shard: tuple[int, int] | None = None) -> float:
-    """Wall seconds of one `python -m autograder grade` of the class (or of one shard of it)."""
+def grade(the_class: Class, out: Path, jobs: int, shard: tuple[int, int] | None = None, store: Path | None = None
+          ) -> float:
+    """Wall seconds of one `python -m autograder grade` of the class (or of one shard of it), with `store` as
+    its reference store (`autograder.reference_store`): None, a new one, so the grading starts from nothing."""
     command = [sys.executable, "-m", "autograder", "grade", str(the_class.submitted), "--out", str(out / "grades.csv"),
                "--feedback", str(out / "feedback"), "--no-progress", "--jobs", str(jobs),
                "--assignments", ",".join(the_class.assignments)]
     if shard is not None:
         command += ["--shard", f"{shard[0]}/{shard[1]}", "--key", str(out.parent / "key")]
+    folder = store or Path(tempfile.mkdtemp(prefix="references-", dir=out.parent))
+    env = dict(os.environ, **{STORE_VARIABLE: str(folder)})
     started = time.perf_counter()
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env)
     seconds = time.perf_counter() - started
     if done.returncode not in (0, 1):  # 1: graded, and some points lost
         sys.exit(f"bench_class: grading failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
@@ -148,10 +156,10 @@ def busy_core_seconds() -> float | None:
     return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")  # all but idle and iowait
 
 
-def timed_grade(the_class: Class, out: Path, jobs: int) -> tuple[float, float | None]:
+def timed_grade(the_class: Class, out: Path, jobs: int, store: Path | None = None) -> tuple[float, float | None]:
     """(wall seconds, core-seconds the machine was busy) of one `grade` of the class."""
     before = busy_core_seconds()
-    seconds = grade(the_class, out, jobs)
+    seconds = grade(the_class, out, jobs, store=store)
     after = busy_core_seconds()
     return seconds, None if before is None or after is None else after - before
 
@@ -173,6 +181,8 @@ def breakdown(the_class: Class) -> None:
     for assignment in the_class.assignments:
         notebook = solution / assignment / f"{assignment}.ipynb"
         forget_cached_references()
+        # nothing kept from an earlier grading: a reference store of its own, new
+        os.environ[STORE_VARIABLE] = tempfile.mkdtemp(prefix="references-", dir=the_class.submitted.parent)
         seconds = []
         for _ in range(2):
             started = time.perf_counter()
@@ -185,8 +195,14 @@ def breakdown(the_class: Class) -> None:
 def measure(the_class: Class, work: Path, jobs: int, unshared: int) -> None:
     """Grade the class with --jobs 1 and --jobs `jobs`, and its first `unshared` students a grader each."""
     print(the_class.describe())
-    one, busy_one = timed_grade(the_class, work / "jobs1", 1)
+    store = work / "references"
+    store.mkdir(mode=0o700, parents=True)
+    one, busy_one = timed_grade(the_class, work / "jobs1", 1, store)
     print(row("grade --jobs 1", one, the_class.notebooks, busy_one))
+    again, busy_again = timed_grade(the_class, work / "again", 1, store)
+    print(row("grade --jobs 1 again, references kept", again, the_class.notebooks, busy_again))
+    saved = f" and {1 - busy_again / busy_one:.0%} fewer core-seconds" if busy_one and busy_again else ""
+    print(f"    {one / again:.2f}x the speed of the first{saved}: the references read back from its store")
     if jobs > 1:
         many, busy = timed_grade(the_class, work / f"jobs{jobs}", jobs)
         same = "identical" if grades(work / "jobs1") == grades(work / f"jobs{jobs}") else "DIFFERENT"

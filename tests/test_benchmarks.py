@@ -84,10 +84,12 @@ def test_bench_class_prints_jobs_1_and_j_the_speedup_identical_grades_and_the_ti
                         "--term-students", "0", "--unshared", "1", "--jobs", "2")
     assert "2 students x 1 assignment(s): 2 notebooks (1 untouched, 1 solution)" in out, out
     rows = [line.split("  ")[1] for line in out.splitlines() if line.endswith(" s per notebook")]
-    assert rows == ["grade --jobs 1", "grade --jobs 2", "nothing shared (a grader per student, first 1)"], out
+    assert rows == ["grade --jobs 1", "grade --jobs 1 again, references kept", "grade --jobs 2",
+                    "nothing shared (a grader per student, first 1)"], out
+    assert "x the speed of the first" in out and ": the references read back from its store" in out, out
     assert "x the speed of --jobs 1 (target 1.8x: " in out and "; the grades identical" in out, out
     busy = [line for line in out.splitlines() if line.startswith("    the machine busy ")]
-    assert len(busy) == 2 and all(line.endswith(" cores on average") for line in busy), out
+    assert len(busy) == 3 and all(line.endswith(" cores on average") for line in busy), out
     assert "one grader for the class is " in out and max(len(line) for line in out.splitlines()) <= 100, out
     (share,) = [line.split() for line in out.splitlines() if line.startswith("    ex05_memory_planning ")]
     assert share[2] == share[4] == "s" and share[5].endswith("%"), out  # from nothing, references made, share
