@@ -9,12 +9,12 @@ every worker of the test suite, about 48 core-seconds for the ten assignments pl
 3-4 s per stage exercise (`benchmarks/bench_grading.py`).
 
 The store keeps them as data (the encodings `autograder.recorded` already writes for a student release: no
-code, no pickle), one file per reference, under a folder named by a fingerprint of everything they depend on
-and the secret (`fingerprint`): a changed course file or another torch starts an empty folder, and the
-folders of older fingerprints are removed.
-It is the instructor's, like the secret it sits beside (`location`): mode 0700, outside the walls (they bind
-the course's packages only; `location` refuses a folder inside them) and on the audit hook's protected list
-where there are no walls (`sandbox.grade_notebook`): its names carry the hidden checks' drawn parameters.
+code, no pickle), one file per reference, in a folder named by a fingerprint of everything they depend on
+(`fingerprint`) and by the secret: a changed course file or another torch starts an empty folder, and the
+folders of older fingerprints are removed. It is the instructor's, like the secret it sits beside
+(`location`): mode 0700, outside the walls (they bind the course's packages only; `location` refuses a folder
+inside them) and on the audit hook's protected list where there are no walls (`sandbox.grade_notebook`): its
+names carry the hidden checks' drawn parameters.
 Every file is signed with the grading secret (HMAC-SHA256 over the fingerprint, the reference's name and its
 data): a file that does not verify (tampered with, or signed under an earlier secret) is never read, only made
 again and replaced. Without a secret file (a student's copy of the course) there is no store: everything is
