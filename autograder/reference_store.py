@@ -14,7 +14,7 @@ code, no pickle), one file per reference, in a folder named by a fingerprint of 
 folders of older fingerprints are removed. It is the instructor's, like the secret it sits beside
 (`location`): mode 0700, outside the walls (they bind the course's packages only; `location` refuses a folder
 inside them) and on the audit hook's protected list where there are no walls (`sandbox.grade_notebook`): its
-names carry the hidden checks' drawn parameters.
+entries carry the hidden checks' drawn parameters.
 Every file is signed with the grading secret (HMAC-SHA256 over the fingerprint, the reference's name and its
 data): a file that does not verify (tampered with, or signed under an earlier secret) is never read, only made
 again and replaced. Without a secret file (a student's copy of the course) there is no store: everything is
