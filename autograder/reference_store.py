@@ -14,11 +14,10 @@ code, no pickle), one file per reference, in a folder named by a fingerprint of 
 folders of older fingerprints are removed. It is the instructor's, like the secret it sits beside
 (`location`): mode 0700, outside the walls (they bind the course's packages only; `location` refuses a folder
 inside them) and on the audit hook's protected list where there are no walls (`sandbox.grade_notebook`): its
-entries carry the hidden checks' drawn parameters.
-Every file is signed with the grading secret (HMAC-SHA256 over the fingerprint, the reference's name and its
-data): a file that does not verify (tampered with, or signed under an earlier secret) is never read, only made
-again and replaced. Without a secret file (a student's copy of the course) there is no store: everything is
-made in the process, as before.
+entries carry the hidden checks' drawn parameters. Every file is signed with the grading secret (HMAC-SHA256
+over the fingerprint, the reference's name and its data): a file that does not verify (tampered with, or signed
+under an earlier secret) is never read, only made again and replaced. Without a secret file (a student's copy
+of the course) there is no store: everything is made in the process, as before.
 """
 
 from __future__ import annotations
@@ -38,14 +37,13 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from autograder.checks import grading_secret, secret_path
+from autograder.walls import COURSE_PACKAGES
 
 ROOT = Path(__file__).resolve().parents[1]
 STORE_VARIABLE = "AUTOGRADER_REFERENCE_STORE"
 """An environment variable naming the store's folder (the test suite shares one between its workers)."""
 STORE_NAME = ".grading-references"
 """The store's folder by default: beside the secret file (the course's root, where `.gitignore` names it)."""
-FINGERPRINTED = ("zero_core", "autograder")
-"""The packages whose files a reference depends on (the reference stages, the harness, the training data)."""
 
 T = TypeVar("T")
 
@@ -55,20 +53,21 @@ def location() -> Path:
     named = os.environ.get(STORE_VARIABLE)
     folder = Path(named) if named else secret_path().parent / STORE_NAME
     folder = folder.resolve()
-    if any(folder.is_relative_to(ROOT / package) for package in FINGERPRINTED):
+    if any(folder.is_relative_to(ROOT / package) for package in COURSE_PACKAGES):
         raise ValueError(f"{STORE_VARIABLE} names {folder}, inside the course's code, which the grading child may "
-                         f"read: name a folder outside {', '.join(FINGERPRINTED)}")
+                         f"read: name a folder outside {', '.join(COURSE_PACKAGES)}")
     return folder
 
 
 @cache
 def fingerprint() -> str:
-    """SHA-256 of what a reference depends on: every file of the course's packages (path and bytes, compiled
-    copies left out), and torch's, Python's and the machine's versions."""
+    """SHA-256 of what a reference depends on: every file of the course's packages (the reference stages, the
+    harness, the training data: path and bytes, compiled copies left out), and torch's, Python's and the
+    machine's versions."""
     import torch
 
     digest = hashlib.sha256(f"{torch.__version__}|{sys.version}|{platform.machine()}".encode())
-    for package in FINGERPRINTED:
+    for package in COURSE_PACKAGES:
         for path in sorted((ROOT / package).rglob("*")):
             if path.is_file() and "__pycache__" not in path.parts:
                 digest.update(f"\0{path.relative_to(ROOT)}\0".encode())

@@ -36,6 +36,10 @@ def fixed_grading_secret(tmp_path_factory: pytest.TempPathFactory) -> Iterator[P
         os.environ[SECRET_FILE_VARIABLE] = previous
 
 
+_STORE_MADE = pytest.StashKey[str]()
+"""The reference store this session made (and removes at its end), if it made one."""
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """In the process that starts the workers (or runs alone): a new, empty reference store, named in the
     environment that the workers and every grader the tests start inherit."""
@@ -49,9 +53,6 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     if made is not None:
         shutil.rmtree(made, ignore_errors=True)
         os.environ.pop(STORE_VARIABLE, None)
-
-
-_STORE_MADE = pytest.StashKey[str]()
 
 
 @pytest.hookimpl(tryfirst=True, optionalhook=True)

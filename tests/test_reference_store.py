@@ -14,6 +14,7 @@ from autograder import checks, harness, reference_store, stage_checks
 from autograder.checks import SECRET_FILE_VARIABLE
 from autograder.sandbox import grade_submission
 from autograder.submission import exercise_module, load
+from autograder.walls import COURSE_PACKAGES
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -114,7 +115,7 @@ def test_a_store_inside_the_course_code_is_refused_in_one_line(store: Path) -> N
 
 def test_a_changed_course_file_starts_an_empty_folder(store: Path, tmp_path: Path, monkeypatch) -> None:
     course = tmp_path / "course"
-    for package in reference_store.FINGERPRINTED:
+    for package in COURSE_PACKAGES:
         (course / package).mkdir(parents=True)
         (course / package / "stage.py").write_text("STEPS = 2\n")
     monkeypatch.setattr(reference_store, "ROOT", course)
