@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import gc
+import subprocess
+import sys
 import threading
 import time
 import traceback
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,6 +24,8 @@ from zero_core.cluster import (
     VirtualCluster,
 )
 from zero_core.context import current
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def rank_threads() -> list[str]:
@@ -320,6 +325,40 @@ def test_after_any_failure_no_rank_thread_is_left_and_a_new_run_works(failing_fn
     assert all(torch.equal(t, torch.full((3,), 6.0)) for t in cluster.run(all_reduce_rank))
     assert [len(cluster.ledger.ranks[r].entries) for r in range(4)] == [1, 1, 1, 1]
     assert rank_threads() == []
+
+
+STUCK_UNDER_THE_AUDIT_HOOK = """
+import sys
+from autograder import child_guard
+from zero_core import dist
+from zero_core.cluster import CollectiveTimeout, VirtualCluster
+
+child_guard.install()
+
+
+def stuck() -> None:
+    if dist.get_rank() == 1:
+        while True:
+            pass
+    dist.barrier()
+
+
+try:
+    VirtualCluster(2, timeout_s=0.3).run(stuck)
+except CollectiveTimeout:
+    sys.exit(0)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_stuck_rank_is_stopped_in_a_grading_child_and_the_timeout_is_what_it_reports():
+    """A grading child imports the cluster, then installs the audit hook that refuses looking native code up
+    through ctypes (`autograder.child_guard`): the cluster still interrupts a rank stuck in its own code, and
+    the run's error is the timeout, not the hook's refusal (which a loaded grading machine once showed a
+    student in its place)."""
+    done = subprocess.run([sys.executable, "-c", STUCK_UNDER_THE_AUDIT_HOOK], capture_output=True, text=True,
+                          timeout=50, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 @pytest.mark.timeout(10)
