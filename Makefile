@@ -15,7 +15,8 @@ NBGRADER := PATH="$(abspath $(VENV))/bin:$$PATH" $(abspath $(VENV))/bin/python -
 # JupyterLab refuses to run as root unless told it may (containers, CI).
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
 # Bounds for one notebook, in `make autograde` (nbgrader's TrustedGrade) and `make grade` alike: a correct one takes
-# seconds, a looping one costs these. `make grade CHECK_TIME_LIMIT=10` (or the variable in the environment) sets one.
+# seconds, a looping one costs these: TIME_LIMIT wall-clock seconds for its child, CHECK_TIME_LIMIT CPU seconds for one
+# check (however loaded the machine). `make grade CHECK_TIME_LIMIT=10` (or the variable in the environment) sets one.
 TIME_LIMIT ?= 120
 CHECK_TIME_LIMIT ?= 30
 GRADE_LIMITS := --time-limit $(TIME_LIMIT) --check-time-limit $(CHECK_TIME_LIMIT)

@@ -42,7 +42,8 @@ c.Execute.timeout = 300
 # `TrustedGrade` takes the place of nbgrader's `Execute`; the rest of the pipeline is nbgrader's default.
 # The course's preprocessors are named, not imported: nbgrader imports them when it converts, so the commands
 # that do not grade (generate_assignment, generate_feedback) never import torch (2.7 s instead of 4.7 s here).
-# A correct notebook is graded in seconds; a looping one costs at most these (not nbgrader's 300 s a cell).
+# A correct notebook is graded in seconds; a looping one costs at most these (not nbgrader's 300 s a cell): wall-clock
+# seconds for the child, CPU seconds for one check.
 c.TrustedGrade.time_limit_s = 120
 c.TrustedGrade.check_time_limit_s = 30
 c.Autograde.autograde_preprocessors = [

@@ -110,7 +110,7 @@ def _add_limits(parser: argparse.ArgumentParser) -> None:
         "--check-time-limit",
         type=float,
         default=defaults.check_time_s,
-        help=f"seconds per check (default {defaults.check_time_s:g})",
+        help=f"CPU seconds per check (default {defaults.check_time_s:g})",
     )
     parser.add_argument(
         "--memory-limit-mb",

@@ -43,7 +43,7 @@ class TrustedGrade(Preprocessor):
     """On wherever nbgrader lists it (nbconvert's preprocessors are off unless enabled)."""
 
     time_limit_s = Float(Limits.time_s, help="Seconds the child process may take for one notebook.").tag(config=True)
-    check_time_limit_s = Float(Limits.check_time_s, help="Seconds one check may take in the child.").tag(
+    check_time_limit_s = Float(Limits.check_time_s, help="CPU seconds one check may take in the child.").tag(
         config=True
     )
 

@@ -14,8 +14,8 @@ points, once: the first line for a check counts, malformed data earns nothing.
 
 Checks without an observation get 0 points and a message saying why: the time limit (an infinite loop),
 the process dying (`os._exit`, a crash, the memory limit; `sys.exit` only costs the check that called it).
-Inside the child, each check also has its own alarm, and the virtual cluster's deadlines stop ranks that
-loop or wait for each other, so one bad check rarely costs the others.
+Inside the child, each check also has its own limit, in CPU time (`CHECK_WALL_FACTOR`), and the virtual
+cluster's deadlines stop ranks that loop or wait for each other, so one bad check rarely costs the others.
 
 `Limits(walls=False)` runs the child as a plain process of the grader's user, with the audit hook
 (`autograder.child_guard`) as its only fence: a tripwire, not a wall. The CLI and nbgrader use it only
@@ -88,8 +88,9 @@ above the reference with the default, 3 to 37 MiB with this)."""
 
 @dataclass(frozen=True)
 class Limits:
-    """Per notebook: wall-clock seconds for the child, its address-space bytes, seconds per check, and
-    whether the child runs inside the operating system's walls (`autograder.walls`)."""
+    """Per notebook: wall-clock seconds for the child, its address-space bytes, CPU seconds per check (and
+    `CHECK_WALL_FACTOR` times that of wall-clock time), and whether the child runs inside the operating
+    system's walls (`autograder.walls`)."""
 
     time_s: float = 180.0
     memory_bytes: int = 4096 * MiB
@@ -100,7 +101,23 @@ class Limits:
 
 
 class CheckTimeLimit(BaseException):
-    """Raised in the child by the per-check alarm (a BaseException, so `except Exception` cannot swallow it)."""
+    """Raised in the child by the per-check clocks (a BaseException, so `except Exception` cannot swallow it):
+    `seconds` of CPU time spent (`on_cpu`), or `CHECK_WALL_FACTOR` times that of wall-clock time."""
+
+    def __init__(self, seconds: float, on_cpu: bool) -> None:
+        super().__init__(seconds, on_cpu)
+        self.seconds, self.on_cpu = seconds, on_cpu
+
+    def describe(self, what: str) -> str:
+        if self.on_cpu:
+            return f"{what} did not finish within {self.seconds:g} s of CPU time (an infinite loop?)"
+        return (
+            f"{what} did not finish within {CHECK_WALL_FACTOR * self.seconds:g} s, using little CPU: it waits for "
+            "something that never comes (a sleep, a lock, an event)?"
+        )
+
+    def __str__(self) -> str:
+        return self.describe("this check")
 
 
 def _missing_message(run: ChildRun, limits: Limits) -> str:
@@ -293,8 +310,28 @@ def judge_observed(
     return result
 
 
+CHECK_WALL_FACTOR = 4
+"""A check's limit (`Limits.check_time_s`) counts the CPU time the child spends on it (all its threads):
+what the check's code did, however loaded the machine. Wall-clock time would also count the waits a loaded
+machine adds, and the grading parent's own work (its reference runs beside the child, the witness that
+carries the child's collectives): a correct ex08 notebook lost its memory check to a 30 s wall-clock limit
+in a loaded test run. Code that waits without using the CPU (a sleep, a lock nobody releases) is stopped at
+this many times the limit in wall-clock seconds instead."""
+
+
 def _on_alarm(seconds: float, signum: int, frame: object) -> None:
-    raise CheckTimeLimit(f"this check did not finish within {seconds:g} s (an infinite loop?)")
+    raise CheckTimeLimit(seconds, on_cpu=signum == signal.SIGPROF)
+
+
+def _start_check_clocks(seconds: float) -> None:
+    """The per-check limits: `seconds` of the child's CPU time, `CHECK_WALL_FACTOR` times that of wall time."""
+    signal.setitimer(signal.ITIMER_PROF, seconds)
+    signal.setitimer(signal.ITIMER_REAL, CHECK_WALL_FACTOR * seconds)
+
+
+def _stop_check_clocks() -> None:
+    signal.setitimer(signal.ITIMER_PROF, 0)
+    signal.setitimer(signal.ITIMER_REAL, 0)
 
 
 def limit_resources(memory_bytes: int) -> None:
@@ -323,7 +360,8 @@ def child_main(argv: list[str]) -> int:
     path, assignment, results_fd, memory_bytes, check_time_s, witness_fd, parameters = argv
     limit_resources(int(memory_bytes))
     seconds = float(check_time_s)
-    signal.signal(signal.SIGALRM, functools.partial(_on_alarm, seconds))
+    for clock in (signal.SIGPROF, signal.SIGALRM):
+        signal.signal(clock, functools.partial(_on_alarm, seconds))
     exercise = exercise_module(assignment)
     checks: tuple[Check, ...] = with_parameters(exercise.CHECKS, json.loads(parameters))
     loaded = sorted(set(exercise.ANSWER_MODULES) & set(sys.modules))
@@ -350,26 +388,26 @@ def child_main(argv: list[str]) -> int:
         import torch  # noqa: F401  (graded cells may import it: its native libraries load before the hook refuses ctypes)
 
         child_guard.install()
-        signal.setitimer(signal.ITIMER_REAL, seconds)
+        _start_check_clocks(seconds)
         try:
             submission = load(Path(path), assignment, rules=False)
-        except CheckTimeLimit:
-            message = f"not graded: loading the notebook's cells took over {seconds:g} s (an infinite loop?)"
+        except CheckTimeLimit as error:
+            message = "not graded: " + error.describe("loading the notebook's cells")
             for check in checks:
                 report(check.name, Observed(failure=message))
             return 0
         finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
+            _stop_check_clocks()
         report(CELL_ERRORS, Observed(observation=submission.cell_errors))
         # The check whose sized run the kernel measures goes first: nothing other runs left counts in its figure.
         for check in sorted(checks, key=lambda c: not getattr(c.function, "measured_by_the_kernel", False)):
-            signal.setitimer(signal.ITIMER_REAL, seconds)
+            _start_check_clocks(seconds)
             try:
                 observed = observe_check(check, submission.namespace)
             except CheckTimeLimit as error:
                 observed = Observed(failure=str(error))
             finally:
-                signal.setitimer(signal.ITIMER_REAL, 0)
+                _stop_check_clocks()
             report(check.name, observed)
     return 0
 

@@ -145,7 +145,8 @@ def test_a_submission_graded_in_a_child_process_loses_exactly_its_checks(
     if wrong.rules is not None:
         monkeypatch.setattr(sandbox, "reference_uses", lambda path, assignment: [])
     if "in_function" in wrong.path.stem or "infinite_loop" in wrong.path.stem:
-        seconds = {"time_s": 8, "check_time_s": 3} if "in_function" in wrong.path.stem else {"time_s": 5}
+        # a check's limit is CPU time: the loops stop after 3 CPU seconds each, later on a loaded machine
+        seconds = {"time_s": 30, "check_time_s": 3} if "in_function" in wrong.path.stem else {"time_s": 5}
     else:  # a run that finishes: room for a loaded machine (ex03's takes about 5 s on two idle cores)
         seconds = {"time_s": 60}
     limits = Limits(walls=walled, **seconds)
@@ -154,6 +155,45 @@ def test_a_submission_graded_in_a_child_process_loses_exactly_its_checks(
     finally:  # without the walls a file written into the venv would stay for every later test to find
         if wrong.writes:
             Path(wrong.writes).unlink(missing_ok=True)
+
+
+PAUSES_THEN_WAITS_FOREVER = """
+import time
+
+calls = []
+
+
+def ring_bytes_sent(op: str, numel: int, element_size: int, world_size: int) -> int:
+    calls.append(op)
+    if len(calls) == 1:
+        time.sleep({pause})  # the visible check's first call: a pause that uses no CPU
+    if len(calls) > {visible_calls}:
+        time.sleep(10**6)  # the hidden check: waits for good
+    chunks = {{"reduce_scatter": 1, "all_gather": 1, "all_reduce": 2}}[op] * (world_size - 1)
+    return chunks * -(-numel // world_size) * element_size
+"""
+
+
+def test_a_check_is_limited_in_cpu_time_and_one_that_waits_in_wall_clock_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`check_time_s` is the CPU time a check may use, so the waits a loaded machine adds cost no points: a
+    check that pauses longer than its limit without using the CPU keeps them. Code that waits for good is
+    stopped at `CHECK_WALL_FACTOR` times the limit in wall-clock time, and costs its own check only. (The
+    cell imports `time`, which the rules for graded cells refuse: they are set aside here.)"""
+    from autograder.ex01 import VISIBLE_WORLD_SIZES, _ring_calls
+
+    monkeypatch.setattr(sandbox, "reference_uses", lambda path, assignment: [])
+    limit_s = 2.0
+    cell = PAUSES_THEN_WAITS_FOREVER.format(pause=2 * limit_s, visible_calls=len(_ring_calls(VISIBLE_WORLD_SIZES)))
+    submission = WrongSubmission(solution_notebook("ex01_collectives"), "ex01_collectives", "ring_bytes_sent",
+                                 frozenset(), "", True, cell)
+    results = grade_notebook(submission.notebook(tmp_path), limits=Limits(walls=False, time_s=60,
+                                                                           check_time_s=limit_s))
+    lost = {r.name: r.message for r in results if not r.passed}
+    assert list(lost) == ["test_hidden_ring_bytes"], lost
+    assert f"did not finish within {sandbox.CHECK_WALL_FACTOR * limit_s:g} s, using little CPU" in lost[
+        "test_hidden_ring_bytes"], lost
 
 
 def test_every_assignment_has_a_wrong_submission_and_no_fixture_is_misnamed() -> None:

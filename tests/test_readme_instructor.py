@@ -99,9 +99,9 @@ def test_the_instructor_commands_grade_a_class_as_the_readme_says(tmp_path: Path
     for student in ("aaron", "alice", "bob"):
         assert (course / "out" / "feedback" / student / EX05 / f"{EX05}.html").exists()
         assert (course / "out" / "autograder-feedback" / f"{student}.txt").exists()
-    assert "took over 10 s" in (course / "out" / "autograder-feedback" / "aaron.txt").read_text()
+    assert "within 10 s of CPU time" in (course / "out" / "autograder-feedback" / "aaron.txt").read_text()
     html = (course / "out" / "feedback" / "aaron" / EX05 / f"{EX05}.html").read_text()
-    assert "took over 10 s" in html, "nbgrader's TrustedGrade had the same bound as make grade"
+    assert "within 10 s of CPU time" in html, "nbgrader's TrustedGrade had the same bound as make grade"
     # The timeout, not a wall-clock bound on this shared machine, is what stops the looping student: its
     # feedback above says so. How long the class took is printed, not asserted (speed lives in benchmarks/).
     print(f"the class took {seconds:.0f} s")
