@@ -267,7 +267,7 @@ def explain_failure(error: BaseException, what: str) -> str:
             f"(in a real cluster this hangs).\n{error}"
         )
     if isinstance(error, RunTimeout):
-        return f"{what}: the run did not finish within {RUN_DEADLINE_S:g} s (an infinite loop?).\n{error}"
+        return f"{what}: the run did not finish within {RUN_DEADLINE_S:g} s of CPU time (an infinite loop?).\n{error}"
     if isinstance(error, ClusterError):
         return f"{what}: {error}"
     return f"{what}: {describe_exception(error)}"

@@ -15,6 +15,7 @@ import torch
 
 from zero_core import dist
 from zero_core.cluster import (
+    RUN_WALL_FACTOR,
     ClusterError,
     CollectiveDeadlock,
     CollectiveMismatch,
@@ -367,6 +368,23 @@ def test_a_run_deadline_stops_ranks_that_never_communicate():
     with pytest.raises(RunTimeout, match="deadline of 0.3 s"):
         VirtualCluster(2, timeout_s=30.0).run(spin_forever, deadline_s=0.3)
     assert time.monotonic() - started < 5.0
+    assert rank_threads() == []
+
+
+def pause(seconds: float) -> None:
+    for _ in range(round(seconds / 0.01)):  # short sleeps: a rank stopped between two of them unwinds at once
+        time.sleep(0.01)
+
+
+@pytest.mark.timeout(20)
+def test_a_run_deadline_counts_cpu_time_and_stops_ranks_that_only_wait_at_a_multiple_of_it():
+    """Ranks that pause past the deadline, using no CPU (what a loaded machine looks like to the run), finish;
+    ranks that wait for good are stopped at `RUN_WALL_FACTOR` times the deadline in wall-clock time."""
+    assert VirtualCluster(2, timeout_s=30.0).run(lambda: pause(0.6) or dist.get_rank(), deadline_s=0.3) == [0, 1]
+    started = time.monotonic()
+    with pytest.raises(RunTimeout, match="deadline of 0.3 s of CPU time"):
+        VirtualCluster(2, timeout_s=30.0).run(pause, 100.0, deadline_s=0.3)
+    assert RUN_WALL_FACTOR * 0.3 <= time.monotonic() - started < 5.0
     assert rank_threads() == []
 
 
