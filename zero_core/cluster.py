@@ -53,9 +53,10 @@ _STOP_GRACE_S = 1.0
 _INTERRUPT_S = 2.0
 RUN_WALL_FACTOR = 4
 """A run's deadline (`VirtualCluster.run(deadline_s=)`) counts the CPU time the process spends, so that a loaded
-machine, which slows the run without making it work more, does not end a correct run (a grading child's
-4-rank run once took over 30 s in a loaded test run, waiting for CPU and for its witness). Ranks that only
-wait (a sleep, a lock) are stopped at this many times the deadline in wall-clock time."""
+machine, which slows the run without making it work more, does not end a correct run (a correct notebook's
+4-rank run in a grading child passed its 30 s deadline in a test run with two workers and their grading
+children on two cores). Ranks that only wait (a sleep, a lock) are stopped at this many times the deadline
+in wall-clock time."""
 _INTERRUPT_RANK = ctypes.pythonapi.PyThreadState_SetAsyncExc
 """CPython's call that raises an exception in another thread, looked up once, when the cluster is imported: a
 grading child imports it before its audit hook (`autograder.child_guard`) refuses looking native code up, so
@@ -271,7 +272,7 @@ class VirtualCluster:
             return self._all_done.wait()
         cpu_end = time.process_time() + deadline_s
         wall_end = time.monotonic() + RUN_WALL_FACTOR * deadline_s
-        while True:  # CPU time runs no faster than the wall clock times the busy threads: check again after
+        while True:  # `left` wall-clock seconds may hold more CPU seconds (several busy threads): look again
             left = min(cpu_end - time.process_time(), wall_end - time.monotonic())
             if left <= 0:
                 return False
