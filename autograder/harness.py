@@ -7,10 +7,11 @@ cluster, every rank's memory tracker and ledger of collectives, with the moments
 (`zero_core.schedule`) to set the collectives' times against. The same harness runs the reference
 pieces, so a student's run is compared with a reference run made the same way.
 
-Runs use the `micro` model for `STEPS` steps, a short collective timeout (a rank-dependent order of
-collectives fails at once or within `COLLECTIVE_TIMEOUT_S`) and a deadline for the whole run (a
-Python-level infinite loop in a rank). Each run is made once per process: the training, memory and
-communication checks of one world size read the same run, and a failure is remembered with it.
+Runs use the `micro` model for `STEPS` steps, a collective timeout (`COLLECTIVE_TIMEOUT_S`: a
+rank-dependent order of collectives fails at once, the timeout stops ranks that wait for one that never
+comes) and a deadline for the whole run in CPU time (a Python-level infinite loop in a rank). Each run is
+made once per process: the training, memory and communication checks of one world size read the same run,
+and a failure is remembered with it.
 """
 
 from __future__ import annotations
@@ -57,8 +58,12 @@ TRAINING_CONFIG = TrainConfig(model=preset("micro"), precision="fp32")
 """The training check's: fp32, where the single-device oracle's rounding is fp32's too, so the tolerance it
 gives is tight (`verdicts.Tolerance`) and any correct formulation passes."""
 STEPS = 2
-COLLECTIVE_TIMEOUT_S = 10.0
 RUN_DEADLINE_S = 30.0
+COLLECTIVE_TIMEOUT_S = RUN_DEADLINE_S
+"""Wall-clock seconds a rank may wait in a collective or for a turn on the CPU. A rank stuck in its own code
+uses CPU, and the run's deadline (CPU time, `zero_core.cluster.RUN_WALL_FACTOR`) stops it; this catches the
+ones that only wait, so it can be long: at 10 s, a correct ex02 notebook's 4-rank run timed out waiting
+for its first turn in a test run with two workers and their grading children on two cores."""
 CACHED_RUNS = 96
 """Runs kept in this process (`run_once`), the oldest made forgotten first. The grading parent of a term keeps
 every assignment's reference runs at once: 57 for the ten assignments' checks on one draw, 2 to 4 MiB each.
