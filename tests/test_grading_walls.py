@@ -151,9 +151,10 @@ NORMAL_USER = 1000
 
 def closed_to_others(root: Path, remade: list[Path]) -> Path | None:
     """The first folder on the way to `root` (or `root` itself) that other users may not enter, or None. Folders
-    under `remade` do not count: the view below makes them anew, 0755, up to `root`, which it binds as it is."""
+    under `remade` do not count: the view below makes them anew, 0755, `root` included (a checkout that
+    `mktemp -d` made 0700 in `/tmp`), and binds what `root` holds as it is."""
     for folder in [*reversed(root.parents), root]:
-        if any(folder.is_relative_to(top) and folder != root for top in remade):
+        if any(folder.is_relative_to(top) for top in remade):
             continue
         needed = 0o005 if folder == root else 0o001
         if folder.stat().st_mode & needed != needed:
@@ -171,7 +172,9 @@ def test_a_checkout_closed_to_others_is_named_with_its_fix() -> None:
         assert closed_to_others(course, []) == base / "private"
         assert closed_to_others(course, [base]) is None  # remade 0755 by the view
         course.chmod(0o700)
-        assert closed_to_others(course, [base]) == course
+        assert closed_to_others(course, [base]) is None  # remade 0755 too, its contents bound as they are
+        (base / "private").chmod(0o755)
+        assert closed_to_others(course, []) == course
     finally:
         shutil.rmtree(base)
 
@@ -179,7 +182,9 @@ def test_a_checkout_closed_to_others_is_named_with_its_fix() -> None:
 def as_a_normal_user(command: list[str]) -> list[str]:
     """`command` run as uid `NORMAL_USER`, with no capabilities, on this machine's files: a first bubblewrap
     (root) shows the disk as it is, with `/tmp` fresh and root's home (mode 0700, where this machine keeps
-    Python) replaced by a folder holding only the runtime and the course."""
+    Python) replaced by a folder holding only the runtime and the course. A course under either is shown in a
+    folder made anew, 0755, holding the course's own files: an instructor who is a normal user owns the
+    checkout they grade from, whatever its mode, and this user stands in for them on files root owns."""
     hidden = [Path("/root"), Path("/tmp")]
     closed = closed_to_others(ROOT, hidden)
     if closed is not None:
@@ -198,7 +203,16 @@ def as_a_normal_user(command: list[str]) -> list[str]:
             if parent.is_relative_to(top) and parent != top and parent not in made:
                 view += ["--perms", "0755", "--dir", str(parent)]
                 made.add(parent)
-        view += ["--ro-bind", str(path), str(path)]
+        if path != ROOT:
+            view += ["--ro-bind", str(path), str(path)]
+            continue
+        view += ["--perms", "0755", "--dir", str(ROOT)]
+        made.add(ROOT)
+        for entry in sorted(ROOT.iterdir()):
+            if entry.is_symlink():
+                view += ["--symlink", os.readlink(entry), str(entry)]
+            else:
+                view += ["--ro-bind", str(entry), str(entry)]
     drop = ["setpriv", f"--reuid={NORMAL_USER}", f"--regid={NORMAL_USER}", "--clear-groups", "--inh-caps=-all",
             "--bounding-set=-all", "--"]
     return [*view, "--chdir", str(ROOT), *drop, "env", "-i", "PATH=/usr/bin:/bin", "HOME=/tmp", *command]
