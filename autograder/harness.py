@@ -64,6 +64,13 @@ COLLECTIVE_TIMEOUT_S = RUN_DEADLINE_S
 uses CPU, and the run's deadline (CPU time, `zero_core.cluster.RUN_WALL_FACTOR`) stops it; this catches the
 ones that only wait, so it can be long: at 10 s, a correct ex02 notebook's 4-rank run timed out waiting
 for its first turn in a test run with two workers and their grading children on two cores."""
+GRADED_RUNNING = 1
+"""Rank threads of a graded run that may run their own code at once (`VirtualCluster(max_running=)`). Every
+step of a graded run is audited, and the audit takes each tensor operation through Python: rank threads
+side by side mostly trade the interpreter lock, as in the instrumented step of `zero_core.experiment`. One
+at a time, a ZeRO-2 or ZeRO-3 run of the micro model at N = 4 or 7 took 0.51-0.54x the CPU and 0.62-0.67x
+the wall-clock time of the default, one per core plus one, on two cores (`benchmarks/bench_memory_audit.py`,
+part 3). What each rank computes, and its ledger, are the same at any number."""
 CACHED_RUNS = 96
 """Runs kept in this process (`run_once`), the oldest made forgotten first. The grading parent of a term keeps
 every assignment's reference runs at once: 57 for the ten assignments' checks on one draw, 2 to 4 MiB each.
@@ -237,7 +244,9 @@ def train_observed(
         _witness.begin_run(world_size, collectives=witnessed_collectives)
         if witnessed_collectives:
             options["backend"] = functools.partial(WitnessedBackend, link=_witness)
-    cluster = VirtualCluster(world_size, timeout_s=COLLECTIVE_TIMEOUT_S, seed=CONFIG.seed, **options)
+    cluster = VirtualCluster(
+        world_size, timeout_s=COLLECTIVE_TIMEOUT_S, seed=CONFIG.seed, max_running=GRADED_RUNNING, **options
+    )
     with one_torch_thread():
         results = cluster.run(_train_rank, graded, functions, steps, config, observed, deadline_s=RUN_DEADLINE_S)
     records = [record for record, _ in results]
