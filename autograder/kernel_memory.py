@@ -16,14 +16,14 @@ reference stage the same way, walled like the student's, gives the figure to com
 The verdict (`judge`): the kernel's excess over the reference, less what the audit itself saw in excess (up
 to one copy: beyond that the audit's own memory rules speak), must stay within `ALLOWED_COPIES` copies of
 the parameters (109 MiB). Measured on this course's 2-core machine, with the grading children's fixed
-malloc threshold (`sandbox.CHILD_ENVIRONMENT`): the seven stage solutions and the ten correct fixtures
-written unusually (`tests/fixtures/correct`) ran from 21 MiB below to 37 MiB above their reference
-children; the fixture that keeps every gathered layer as a NumPy array
+malloc threshold (`sandbox.CHILD_ENVIRONMENT`) and 16 tokens a micro-batch (4 since 2026-12-07, not measured
+so since; the tests still hold every solution and correct fixture within the margin): the seven stage
+solutions and the ten correct fixtures written unusually (`tests/fixtures/correct`) ran from 21 MiB below
+to 37 MiB above their reference children; the fixture that keeps every gathered layer as a NumPy array
 (`tests/fixtures/wrong/ex07_keeps_every_layer_gathered_outside_torch.patch`) 227 MiB above. What it does
 not see: a copy smaller than the margin, or one kept only on world sizes other than the sized run's.
-`benchmarks/bench_grading.py` prints what the run costs: about 1-1.6 s for the sized run in the grading
-child, and 3.4-4.2 s for the reference child, started once per exercise on a machine
-(`autograder.reference_store` keeps its figures).
+`benchmarks/bench_grading.py` prints what the run costs: the sized run in the grading child, and the
+reference child, started once per exercise on a machine (`autograder.reference_store` keeps its figures).
 """
 
 from __future__ import annotations
@@ -46,8 +46,12 @@ from autograder.witness import SIZED_RUN_KEYS, UNMEASURED_KEY, WITNESS_KEY
 from zero_core.model import GPT, GPTConfig
 from zero_core.stages import TrainConfig
 
-SIZED_MODEL = GPTConfig(vocab_size=64, block_size=16, n_layer=4, n_head=4, n_embd=768, micro_batch_size=1)
-"""28.5M parameters in 4 blocks: a full copy in bf16 is 54 MiB; a 2-core machine trains its step in 1 to 1.6 s."""
+SIZED_MODEL = GPTConfig(vocab_size=64, block_size=4, n_layer=4, n_head=4, n_embd=768, micro_batch_size=1)
+"""28.5M parameters in 4 blocks: a full copy in bf16 is 54 MiB. Four tokens a micro-batch: the run is there for
+its parameters' memory, and its arithmetic grows with the tokens. On a CPU without native bf16 arithmetic
+(AVX2 only), torch multiplies a bf16 matrix by a weight that is not transposed (the backward's `grad @
+weight`) through a slow path whose time grows with the rows: with 16 tokens that one product took 12 of the
+reference child's 22 CPU seconds (py-spy, `python -m autograder check` of the ex08 solution)."""
 SIZED_CONFIG = TrainConfig(model=SIZED_MODEL)
 """bf16, as the memory checks' runs (`harness.CONFIG`)."""
 SIZED_WORLD_SIZE = 4
