@@ -17,9 +17,10 @@ The verdict (`judge`): the kernel's excess over the reference, less what the aud
 to one copy: beyond that the audit's own memory rules speak), must stay within `ALLOWED_COPIES` copies of
 the parameters (109 MiB). Measured on this course's 2-core machine, with the grading children's fixed
 malloc threshold (`sandbox.CHILD_ENVIRONMENT`) and 16 tokens a micro-batch (4 since 2026-12-07, not measured
-so since; the tests still hold every solution and correct fixture within the margin): the seven stage
-solutions and the ten correct fixtures written unusually (`tests/fixtures/correct`) ran from 21 MiB below
-to 37 MiB above their reference children; the fixture that keeps every gathered layer as a NumPy array
+so since; the walled gradings of the tests, every stage solution and the seven correct fixtures the nbgrader
+round trip hands in, have kept their memory checks since): the seven stage solutions and the ten correct
+fixtures written unusually (`tests/fixtures/correct`) ran from 21 MiB below to 37 MiB above their reference
+children; the fixture that keeps every gathered layer as a NumPy array
 (`tests/fixtures/wrong/ex07_keeps_every_layer_gathered_outside_torch.patch`) 227 MiB above. What it does
 not see: a copy smaller than the margin, or one kept only on world sizes other than the sized run's.
 `benchmarks/bench_grading.py` prints what the run costs: the sized run in the grading child, and the
