@@ -10,9 +10,11 @@ runs); xavier, yvonne and zach an attack on the walls and the evidence (a file w
 into the grader's venv, the solutions read through torch, a ledger rewritten, every gathered layer kept
 outside torch, where only the kernel's count of memory sees it); ursula a correct notebook
 written unusually. The gradebook must give each of
-them, check by check, exactly what the fixture's header says (the points `check` and `grade` give, see
-tests/test_grading_integrity.py); alice's graded test cells must not have written a byte to stderr
-(nbgrader scores such a cell 0), and everyone gets HTML feedback.
+them, check by check, exactly what the fixture's header says: the points `check` and `grade` give for the same
+cell, which tests/test_grading_integrity.py holds them to, so the gradebook and the batch grader agree check by
+check without grading the class twice (tests/test_readme_instructor.py compares the two end to end). alice's
+graded test cells must not have written a byte to stderr (nbgrader scores such a cell 0), and everyone gets HTML
+feedback.
 """
 
 from __future__ import annotations
@@ -30,8 +32,6 @@ from nbgrader.api import Gradebook
 from nbgrader.apps import NbGraderAPI
 from traitlets.config.loader import PyFileConfigLoader
 
-from autograder.checks import total
-from autograder.sandbox import grade_notebook
 from autograder.submission import exercise_module, is_solution_cell
 from tests.fixture_text import read_fixture, with_paths
 
@@ -208,19 +208,6 @@ def test_autograde_gives_every_student_exactly_the_checks_their_notebook_earns(c
             expected = {c.name: 0.0 if c.name in lost else float(c.points) for c in exercise_module(assignment).CHECKS}
             assert got == expected, student
             assert gradebook.find_submission(assignment, student).score == expected_points(assignment, lost)
-
-
-@EACH_ASSIGNMENT
-def test_the_gradebook_and_the_batch_grader_give_the_same_points(course: Path, assignment: str) -> None:
-    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gradebook:
-        scores = {s: gradebook.find_submission(assignment, s).score for s in handed_in(assignment)}
-    for student in ("alice", "bob", "carol"):
-        path = course / "out" / "submitted" / student / assignment / f"{assignment}.ipynb"
-        if path.exists():
-            results = grade_notebook(path)
-            assert total(results)[0] == scores[student], f"{student}:\n" + "\n".join(
-                f"{r.name}: {r.points}/{r.max_points} {r.message}" for r in results
-            )
 
 
 @EACH_ASSIGNMENT
