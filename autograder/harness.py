@@ -221,9 +221,10 @@ def train(
     steps: int = STEPS,
     config: TrainConfig = CONFIG,
     witnessed_collectives: bool = True,
+    max_running: int = GRADED_RUNNING,
 ) -> Run:
     """Train the `graded` stage on `world_size` ranks; cluster errors propagate."""
-    return train_observed(graded, world_size, functions, steps, config, (), witnessed_collectives)[0]
+    return train_observed(graded, world_size, functions, steps, config, (), witnessed_collectives, max_running)[0]
 
 
 def train_observed(
@@ -234,18 +235,20 @@ def train_observed(
     config: TrainConfig = CONFIG,
     observed: tuple[str, ...] = (),
     witnessed_collectives: bool = True,
+    max_running: int = GRADED_RUNNING,
 ) -> tuple[Run, CommLedger, list[dict[str, list]]]:
     """`train`, also returning the full ledger (`Run` keeps a summary of it) and, per rank, what the stage
     code appended under each key of `observed` in `current().extra`. In the grading child, the run's
     collectives go through the witness, unless not `witnessed_collectives` (the sized run whose memory the
-    kernel counts: the witness then only marks when it began)."""
+    kernel counts: the witness then only marks when it began). `max_running` rank threads run their own code
+    at once (`GRADED_RUNNING`; `benchmarks/bench_memory_audit.py` compares it with the cluster's default)."""
     options = {}
     if _witness is not None:
         _witness.begin_run(world_size, collectives=witnessed_collectives)
         if witnessed_collectives:
             options["backend"] = functools.partial(WitnessedBackend, link=_witness)
     cluster = VirtualCluster(
-        world_size, timeout_s=COLLECTIVE_TIMEOUT_S, seed=CONFIG.seed, max_running=GRADED_RUNNING, **options
+        world_size, timeout_s=COLLECTIVE_TIMEOUT_S, seed=CONFIG.seed, max_running=max_running, **options
     )
     with one_torch_thread():
         results = cluster.run(_train_rank, graded, functions, steps, config, observed, deadline_s=RUN_DEADLINE_S)
