@@ -33,7 +33,7 @@ OLDEST_TORCH := 2.6.0
 NEWEST_TORCH := 2.15.0
 TORCH_EDGE_TESTS := tests/test_torch_backend.py tests/test_launch.py tests/test_dist.py
 
-.PHONY: demo test test-oldest-torch test-newest-torch lint lab release student-release autograde scores feedback grade bench clean
+.PHONY: demo bytecode test test-oldest-torch test-newest-torch lint lab release student-release autograde scores feedback grade bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11 or newer is needed (found " + sys.version.split()[0] + "); set PYTHON=python3.11")'
@@ -47,6 +47,12 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
+# The course's modules compiled to bytecode before anything grades: a walled grading child sees the course read-only
+# and cannot write its bytecode, and where PYTHONDONTWRITEBYTECODE is set the tests' own processes do not write it
+# either, so each of them would compile every course module it imports again.
+bytecode: $(STAMP)
+	$(PY) -m compileall -q -j 0 zero_core autograder
+
 # The tests run in TEST_WORKERS parallel processes (pytest-xdist; tests/work_units.py says which tests share one):
 # one per core and one more, at most 4 and at most one per 4 GiB of memory (a worker running the grading tests holds
 # up to about 3 GB). The one more keeps the cores busy while a test waits on a timeout or on its grading child: on the
@@ -56,7 +62,7 @@ lint: $(STAMP)
 TEST_WORKERS ?= $(shell n=$$(nproc 2> /dev/null || echo 1); m=$$(awk '/^MemTotal:/ {print int($$2 / 4194304)}' \
 	/proc/meminfo 2> /dev/null); w=$$(( n + 1 < 4 ? n + 1 : 4 )); w=$$(( w < $${m:-4} ? w : $${m:-4} )); \
 	echo $$(( w > 1 ? w : 1 )))
-test: lint
+test: lint bytecode
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --durations=15
 	$(if $(filter true,$(CI)),$(MAKE) --no-print-directory test-oldest-torch test-newest-torch)
 
@@ -112,7 +118,7 @@ student-release: $(STAMP)
 	$(PY) -m autograder student-release $(ASSIGNMENT) $(OUT)
 
 # nbgrader's log goes to out/autograde.log (its last lines are shown if it fails); the scores end the run.
-autograde: release
+autograde: release bytecode
 	@mkdir -p out && : > out/autograde.log
 	@for a in $(ASSIGNMENTS); do \
 		if ls out/submitted/*/$$a/$$a.ipynb > /dev/null 2>&1; then \
@@ -136,7 +142,7 @@ feedback: $(STAMP)
 
 # ASSIGNMENTS="ex01_collectives ex02_zero1_sharded_adam" limits this target (and release, autograde, feedback) to the
 # assignments set so far: the CSV and the feedback then list those only.
-grade: $(STAMP)
+grade: bytecode
 	$(PY) -I -m autograder grade out/submitted --out out/grades.csv --feedback out/autograder-feedback \
 		--assignments $(subst $(space),$(comma),$(strip $(ASSIGNMENTS))) $(GRADE_LIMITS) $(if $(JOBS),--jobs $(JOBS))
 

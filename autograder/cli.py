@@ -63,7 +63,8 @@ from autograder.grade_file import (
 from autograder.sandbox import ROOT, Limits, grade_notebook
 from autograder.shards import merge, parse_shard, shard_of
 from autograder.submission import EXERCISES, assignment_of, exercise_module, unreadable
-from zero_core.cluster import machine_cores
+from zero_core.cpu_turns import machine_cores
+from zero_core.long_lived import freeze_what_is_loaded
 
 MiB = 2**20
 
@@ -145,6 +146,7 @@ def run_check_command(args: argparse.Namespace) -> int:
         print(f"{assignment}: {path} (walls off: {built}; your own code runs as you)")
     if recorded.replaying():
         print("a student release: the visible checks only (the hidden ones run when your instructor grades)")
+    load_graders([assignment])
     results = grade_notebook(path, assignment, _limits(args, isinstance(built, walls.Walls)))
     print_results(results)
     points, max_points = total(results)
@@ -185,6 +187,14 @@ def submission_fingerprint(student_dir: Path, assignments: list[str]) -> str:
 
 
 
+
+
+def load_graders(assignments: list[str]) -> None:
+    """Import the assignments' graders (with torch, for a stage exercise; a formula exercise's grader never
+    loads it), then keep the cycle collector off everything loaded (`zero_core.long_lived`)."""
+    for assignment in assignments:
+        exercise_module(assignment)
+    freeze_what_is_loaded()
 
 
 def feedback_text(student: str, graded: dict[str, list[CheckResult]], walled: bool = True) -> str:
@@ -265,6 +275,7 @@ def run_grade_command(args: argparse.Namespace) -> int:
         print(f"grading {len(pending)} students ({notebooks} notebooks), {min(args.jobs, notebooks)} notebooks at a "
               "time (--jobs)", file=sys.stderr)
     protected = (out, Path(args.key) if args.key else key_path(out), feedback_dir)
+    load_graders(assignments)
     grade = functools.partial(grade_assignment, limits=limits, protected=protected, secret=secret)
     batch = Batch(pending, assignments, args.jobs, grade)
     for count, done in enumerate(batch.finished(), 1):

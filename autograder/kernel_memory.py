@@ -199,10 +199,12 @@ def reference_main(argv: list[str]) -> int:
     from autograder.sandbox import limit_resources
     from autograder.submission import exercise_module
     from zero_core.backends.witnessed import connect
+    from zero_core.long_lived import freeze_what_is_loaded
 
     limit_resources(int(memory_bytes))
     harness.use_witness(connect(int(witness_fd)))
     exercise = exercise_module(assignment).EXERCISE
+    freeze_what_is_loaded()
     summary = observe(lambda: exercise.sized_run(exercise.reference_stage, None), witnessed=True)
     os.write(int(results_fd), json.dumps(summary).encode())
     return 0

@@ -19,12 +19,13 @@ from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
-from typing import Any, TypeVar
-
-import torch
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from autograder import reference_store
 from autograder.checks import CheckFailed
+
+if TYPE_CHECKING:  # only the oracle's tensors need torch: a formula exercise's grader never loads it
+    import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORD_FILE = ROOT / "autograder" / "recorded_references.json"
@@ -101,7 +102,7 @@ def tensor_from_data(data: dict[str, Any]) -> torch.Tensor:
     return decode_floats(data["values"], numel, "a recorded tensor").reshape(shape)
 
 
-Oracle = tuple[list[float], dict[str, torch.Tensor], dict[tuple[str, int], torch.Tensor]]
+Oracle = tuple[list[float], dict[str, "torch.Tensor"], dict[tuple[str, int], "torch.Tensor"]]
 """The single-device oracle's losses, final fp32 weights and per-(layer, step) gradients."""
 
 

@@ -66,6 +66,7 @@ from autograder.submission import (
     reference_uses,
     unreadable,
 )
+from zero_core.long_lived import freeze_what_is_loaded
 
 if TYPE_CHECKING:
     from autograder.witness import Witness
@@ -387,6 +388,7 @@ def child_main(argv: list[str]) -> int:
 
         import torch  # noqa: F401  (graded cells may import it: its native libraries load before the hook refuses ctypes)
 
+        freeze_what_is_loaded()
         child_guard.install()
         _start_check_clocks(seconds)
         try:

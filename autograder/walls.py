@@ -72,16 +72,33 @@ def bwrap_path() -> Path | None:
     return Path(found).resolve() if found else None
 
 
+def _source(name: str) -> tuple[Path, bool] | None:
+    """(the file module `name` is read from, whether it is a package), or None if there is no such module. A
+    module of the course packages is found under `ROOT`, the checkout whose files `course_files` lists, without
+    importing the packages above it (`importlib.util.find_spec` would run `zero_core/stages/__init__.py`, and load
+    torch with it, in a grading parent that may never need torch); any other module through importlib."""
+    parts = name.split(".")
+    if parts[0] in COURSE_PACKAGES:
+        base = ROOT.joinpath(*parts)
+        if (base / "__init__.py").is_file():
+            return (base / "__init__.py").resolve(), True
+        return (base.with_suffix(".py").resolve(), False) if base.with_suffix(".py").is_file() else None
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.origin is None:
+        return None
+    return Path(spec.origin).resolve(), spec.submodule_search_locations is not None
+
+
 def module_files(names: tuple[str, ...]) -> tuple[Path, ...]:
     """Where the modules `names` are read from, without importing them: each module's source, and the
     compiled copies in its `__pycache__` (any Python version's); a package's whole folder."""
     files: list[Path] = []
     for name in names:
-        spec = importlib.util.find_spec(name)
-        if spec is None or spec.origin is None:
+        source = _source(name)
+        if source is None:
             continue
-        origin = Path(spec.origin).resolve()
-        if spec.submodule_search_locations:
+        origin, package = source
+        if package:
             files.append(origin.parent)
             continue
         files.append(origin)

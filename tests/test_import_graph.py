@@ -60,7 +60,7 @@ LAYERS = (
     ("variants", "answers"),
     ("experiment", "report", "stage_pool", "oracle", "divergence"),
     ("planner",),
-    ("cli", "plots", "trace", "launch", "fsdp2_layout", "planner_check", "__main__"),
+    ("cli", "plots", "trace", "launch", "fsdp2_layout", "planner_check", "long_lived", "__main__"),
 )
 """`zero_core`'s layers, as docs/architecture.md draws them: a module imports only from its layer or those before it."""
 

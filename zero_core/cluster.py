@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import ctypes
 import gc
-import os
 import sys
 import threading
 import time
@@ -45,7 +44,7 @@ from zero_core.backends.base import Backend, CollectiveCall
 from zero_core.backends.virtual import VirtualBackend
 from zero_core.comm import CommLedger
 from zero_core.context import RankContext, activate
-from zero_core.cpu_turns import CpuTurns
+from zero_core.cpu_turns import CpuTurns, machine_cores
 from zero_core.memory import MemoryTracker
 
 MAX_WORLD_SIZE = 4096
@@ -61,13 +60,6 @@ _INTERRUPT_RANK = ctypes.pythonapi.PyThreadState_SetAsyncExc
 """CPython's call that raises an exception in another thread, looked up once, when the cluster is imported: a
 grading child imports it before its audit hook (`autograder.child_guard`) refuses looking native code up, so
 stopping a rank that loops stays possible there and the rank's own error is the one reported."""
-
-
-def machine_cores() -> list[int]:
-    """The cores this process may run on: its affinity where the OS has one (Linux), else all of them (macOS)."""
-    if hasattr(os, "sched_getaffinity"):
-        return sorted(os.sched_getaffinity(0))
-    return list(range(os.cpu_count() or 1))
 
 
 class ClusterError(RuntimeError):

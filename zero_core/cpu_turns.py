@@ -16,8 +16,16 @@ rank computes, and the order of every reduction, is the same whatever the limit.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import deque
+
+
+def machine_cores() -> list[int]:
+    """The cores this process may run on: its affinity where the OS has one (Linux), else all of them (macOS)."""
+    if hasattr(os, "sched_getaffinity"):
+        return sorted(os.sched_getaffinity(0))
+    return list(range(os.cpu_count() or 1))
 
 
 class CpuTurns:

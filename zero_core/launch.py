@@ -50,6 +50,7 @@ from zero_core.comm import CommLedger
 from zero_core.context import activate
 from zero_core.divergent_ranks import END_OF_RUN_TAG, PROGRAMS, TORCHRUN_VARIABLES
 from zero_core.experiment import equivalence, run_stage, train_on_rank
+from zero_core.long_lived import freeze_what_is_loaded
 from zero_core.memory import TrackerSnapshot
 from zero_core.model import PRESETS, count_parameters, preset
 from zero_core.report import StageReport, build_report
@@ -315,6 +316,7 @@ def _stopped_by_torchrun(signum: int, frame: object) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    freeze_what_is_loaded()
     try:
         env = torchrun_env(os.environ)
         stages = check(args, env)

@@ -12,6 +12,7 @@ import sys
 
 from zero_core.cli import check_planner, compare, plan, table
 from zero_core.cli.errors import UsageError
+from zero_core.long_lived import freeze_what_is_loaded
 
 COMMANDS = {"compare": compare, "table": table, "plan": plan, "check-planner": check_planner}
 
@@ -68,6 +69,7 @@ def attach_negative_values(argv: list[str]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(attach_negative_values(sys.argv[1:] if argv is None else argv))
+    freeze_what_is_loaded()
     try:
         return COMMANDS[args.command].run(args)
     except UsageError as error:

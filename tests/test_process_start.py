@@ -1,0 +1,70 @@
+"""What a course program pays before its work: torch only where the work needs it, the cycle collector kept off
+what the program loaded (`zero_core.long_lived`), and the answer modules found without importing their packages.
+
+Each test starts a fresh interpreter: what this test process has loaded says nothing about a program's start.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from autograder import walls
+from autograder.integrity import REFERENCE_CODE
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def fresh(code: str) -> dict:
+    """What `code` prints as JSON, run in a new `python -I` with the course first on its path."""
+    program = f"import sys; sys.path.insert(0, {str(ROOT)!r})\n{code}"
+    done = subprocess.run([sys.executable, "-I", "-c", program], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_the_grader_s_command_line_loads_no_torch_before_a_command_needs_it() -> None:
+    """`--help`, `scores`, `new-key`, `merge` and every usage error answer at once; `grade` starts itself again
+    isolated (`python -I`) before it has loaded torch for nothing."""
+    loaded = fresh(
+        "import json, autograder.cli\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m == 'torch' or m.startswith('zero_core.stages'))))"
+    )
+    assert loaded == []
+
+
+def test_the_answer_files_are_the_ones_importlib_finds_and_no_package_is_imported_to_find_them() -> None:
+    def by_importlib(name: str) -> list[Path]:
+        spec = importlib.util.find_spec(name)
+        assert spec is not None and spec.origin is not None, name
+        origin = Path(spec.origin).resolve()
+        if spec.submodule_search_locations:
+            return [origin.parent]
+        return [origin, *sorted((origin.parent / "__pycache__").glob(f"{origin.stem}.*.pyc"))]
+
+    assert list(walls.module_files(REFERENCE_CODE)) == [p for name in REFERENCE_CODE for p in by_importlib(name)]
+    loaded = fresh(
+        "import json\nfrom autograder import walls\nfrom autograder.integrity import REFERENCE_CODE\n"
+        "files = walls.module_files(REFERENCE_CODE)\n"
+        "print(json.dumps([len(files), sorted(m for m in sys.modules if m == 'torch' or m in REFERENCE_CODE)]))"
+    )
+    assert loaded == [len(walls.module_files(REFERENCE_CODE)), []]
+
+
+def test_what_is_loaded_is_frozen_once_and_what_comes_later_is_collected_as_before() -> None:
+    counts = fresh(
+        "import gc, json\nfrom zero_core.long_lived import freeze_what_is_loaded\n"
+        "before = gc.get_freeze_count()\nfreeze_what_is_loaded()\nfrozen = gc.get_freeze_count()\n"
+        "class Cycle: pass\n"
+        "later = [Cycle() for _ in range(1000)]\nfor c in later: c.me = c\n"
+        "freeze_what_is_loaded()\nagain = gc.get_freeze_count()\n"
+        "del later, c\ncollected = gc.collect()\n"
+        "print(json.dumps([before, frozen, again, collected]))"
+    )
+    before, frozen, again, collected = counts
+    assert before == 0 and frozen > 1000
+    assert again == frozen, "a second call froze the work done since the first"
+    assert collected >= 1000, "the cycles made after the freeze were not collected"
