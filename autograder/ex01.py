@@ -19,16 +19,8 @@ import torch
 from autograder.checks import Check, CheckFailed, graded
 from autograder.harness import COLLECTIVE_TIMEOUT_S, RUN_DEADLINE_S, run_once
 from autograder.integrity import REFERENCE_MODULES, answer_modules, require_own_code
-from autograder.records import (
-    count,
-    decode_floats,
-    encode_floats,
-    listed,
-    require,
-    returned_values,
-    runs_asked,
-    well_formed,
-)
+from autograder.plain_data import count, listed, require, returned_values, runs_asked, well_formed
+from autograder.records import decode_floats, encode_floats
 from zero_core import comm, dist
 from zero_core.cluster import VirtualCluster
 from zero_core.context import current

@@ -17,6 +17,7 @@ from typing import Any
 from autograder import recorded
 from autograder.checks import Check, CheckFailed, graded
 from autograder.integrity import REFERENCE_MODULES, answer_modules, require_own_code
+from autograder.plain_data import returned_values
 
 ASSIGNMENT = "ex05_memory_planning"
 ANSWER_MODULES = answer_modules()
@@ -182,7 +183,6 @@ def _judge(groups: tuple[str, ...], summary: str) -> Callable[..., str]:
     def judge(
         observation: object, psis: list[float], world_sizes: list[int], gpu_counts: list[int] | None = None
     ) -> str:
-        from autograder.records import returned_values  # in the parent only: the child of ex05 needs no torch
 
         calls = [call for group in groups for call in _calls(group, psis, world_sizes, gpu_counts)]
         returned = returned_values(observation, "returned", len(calls))
@@ -238,7 +238,6 @@ def observe_answers(*answers: object) -> dict:
 
 def judge_answers(observation: object) -> str:
     """Numbers within 1% (GB answers may be rounded to 0.1 GB); stages and GPU counts exactly."""
-    from autograder.records import returned_values  # in the parent only: the child of ex05 needs no torch
 
     given = dict(zip(ANSWERS, returned_values(observation, "answers", len(ANSWERS)), strict=True))
     wrong = []

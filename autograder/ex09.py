@@ -40,18 +40,8 @@ from autograder.harness import (
     train_observed,
 )
 from autograder.integrity import answer_modules, require_own_code
-from autograder.records import (
-    ADDRESS_SPACE_BYTES,
-    Run,
-    count,
-    element_size,
-    is_int,
-    require,
-    require_course_records,
-    run_from_data,
-    run_to_data,
-    well_formed,
-)
+from autograder.plain_data import ADDRESS_SPACE_BYTES, count, is_int, require, well_formed
+from autograder.records import Run, element_size, require_course_records, run_from_data, run_to_data
 from autograder.stage_checks import GradedRun, Setting, StageExercise, observed_entries, observed_runs
 from autograder.verdicts import check_nothing_left_behind, check_own_collectives, check_released
 from zero_core import comm, memory

@@ -34,7 +34,8 @@ from autograder import recorded
 from autograder.checks import Check, CheckFailed, describe_exception, graded
 from autograder.harness import explain_failure, run_once
 from autograder.integrity import REFERENCE_MODULES, answer_modules, require_own_code
-from autograder.records import count, decode_floats, encode_floats, is_int, is_number, well_formed
+from autograder.plain_data import count, is_int, is_number, well_formed
+from autograder.records import decode_floats, encode_floats
 from zero_core.checkpoint_files import STATES, rank_file, read_rank_file
 from zero_core.cluster import VirtualCluster, one_torch_thread
 from zero_core.context import current

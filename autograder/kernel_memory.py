@@ -42,7 +42,8 @@ import torch
 
 from autograder import recorded
 from autograder.checks import CheckFailed
-from autograder.records import Run, count, well_formed
+from autograder.plain_data import count, well_formed
+from autograder.records import Run
 from autograder.witness import SIZED_RUN_KEYS, UNMEASURED_KEY, WITNESS_KEY
 from zero_core.model import GPT, GPTConfig
 from zero_core.stages import TrainConfig

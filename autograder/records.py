@@ -17,13 +17,21 @@ from __future__ import annotations
 
 import base64
 import binascii
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from autograder.checks import impossible
+from autograder.plain_data import (
+    ADDRESS_SPACE_BYTES,
+    count,
+    is_int,
+    is_number,
+    listed,
+    require,
+    seconds,
+    well_formed,
+)
 from zero_core import comm, memory, schedule
 from zero_core.comm import CommLedger
 from zero_core.memory import Leftover, MemoryTracker
@@ -32,8 +40,6 @@ from zero_core.schedule import Mark
 
 REGISTERED_CATEGORIES = (memory.GATHER, memory.GRAD_BUCKET)
 """The categories whose registrations, buffer by buffer, the memory checks compare."""
-MAX_ITEMS = 100_000
-"""More entries than any run of the graded model makes in a list: a guard against a flood of data."""
 
 
 @dataclass
@@ -192,49 +198,9 @@ def run_to_data(run: Run) -> dict[str, Any]:
 
 # -- from data, in the parent: nothing but what run_to_data makes, nothing a run cannot make -------------
 
-ADDRESS_SPACE_BYTES = 4096 * 2**20
-"""A grading child's address space (`sandbox.Limits.memory_bytes`, a test keeps them equal): no buffer, peak
-or collective of its runs is larger."""
 COURSE_REGISTERED = (*memory.MODEL_STATES, memory.ACTIVATIONS)
 """What the stage registers itself, before or around the student's code: the model states, and the loss."""
 MARKED_EVENTS = (schedule.GRADIENTS_READY, schedule.NEEDS_PARAMETERS)
-
-
-def require(condition: bool, what: str) -> None:
-    """`ObservationInvalid` ("the observation cannot be true: `what`") unless `condition`."""
-    if not condition:
-        raise impossible(what)
-
-
-def well_formed(condition: bool, what: str) -> None:
-    """`require` for the shape of the data: "malformed data (`what`)" unless `condition`."""
-    require(condition, f"malformed data ({what})")
-
-
-def is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def count(value: Any, what: str, low: int = 0, high: int = ADDRESS_SPACE_BYTES) -> int:
-    """An integer a run could have counted (bytes, elements, a step): between `low` and `high`."""
-    require(is_int(value), f"{what} is {value!r:.40}, not an integer")
-    require(low <= value <= high, f"{what} is {value:,}; a run's is between {low:,} and {high:,}")
-    return int(value)
-
-
-def seconds(value: Any, what: str) -> float:
-    require(is_number(value) and math.isfinite(value), f"{what} is {value!r:.40}, not a finite number of seconds")
-    return float(value)
-
-
-def listed(value: Any, what: str, length: int | None = None) -> list:
-    well_formed(isinstance(value, list) and len(value) <= MAX_ITEMS, f"{what} is not a list")
-    well_formed(length is None or len(value) == length, f"{what} has {len(value)} entries, not {length}")
-    return value
 
 
 def element_size(dtype: Any, what: str) -> int:
@@ -242,31 +208,6 @@ def element_size(dtype: Any, what: str) -> int:
     value = getattr(torch, dtype, None) if isinstance(dtype, str) and dtype.isidentifier() else None
     well_formed(isinstance(value, torch.dtype), f"{what}'s dtype {dtype!r:.40} is no torch dtype")
     return value.itemsize
-
-
-def runs_asked(observation: Any, world_sizes: list[int]) -> dict[str, Any]:
-    """{"N": what was observed on N ranks} of an observation {"runs": ...}: exactly the world sizes the
-    check asked for, none missing, none other."""
-    runs = observation.get("runs") if isinstance(observation, dict) else None
-    well_formed(isinstance(runs, dict), "no runs")
-    require(
-        set(runs) == {str(n) for n in world_sizes},
-        f"runs on {', '.join(runs)[:80]} ranks; the check asked for {', '.join(map(str, world_sizes))}",
-    )
-    return runs
-
-
-def returned_values(observation: Any, key: str, calls: int) -> list:
-    """The values a student's function returned, one per call, as `checks`' observers write them: a number,
-    None, or {"repr": text} for anything else. A list of another length, or other data, cannot be true."""
-    values = observation.get(key) if isinstance(observation, dict) else None
-    well_formed(isinstance(values, list), f"no list of {key} values")
-    well_formed(len(values) == calls, f"{len(values)} {key} values for {calls} calls")
-    for index, value in enumerate(values):
-        shown = value is None or is_number(value) or isinstance(value, bool)
-        shown = shown or (isinstance(value, dict) and set(value) == {"repr"} and isinstance(value["repr"], str))
-        well_formed(shown, f"{key} value {index} is {value!r:.40}, which no call's value is written as")
-    return values
 
 
 def decode_floats(value: Any, numel: int, what: str) -> torch.Tensor:

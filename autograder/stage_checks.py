@@ -36,8 +36,9 @@ from autograder.harness import (
     witnessed,
 )
 from autograder.integrity import REFERENCE_MODULES, require_own_code
+from autograder.plain_data import runs_asked, well_formed
 from autograder.recorded import identity
-from autograder.records import Run, require_course_records, run_from_data, run_to_data, runs_asked, well_formed
+from autograder.records import Run, require_course_records, run_from_data, run_to_data
 from autograder.verdicts import (
     Tolerance,
     bit_identical,

@@ -21,7 +21,8 @@ import torch
 
 from autograder.checks import IMPOSSIBLE, Check, judge_check, through_json
 from autograder.harness import layer_partitions
-from autograder.records import ADDRESS_SPACE_BYTES, encode_floats
+from autograder.plain_data import ADDRESS_SPACE_BYTES
+from autograder.records import encode_floats
 from autograder.sandbox import Limits
 from autograder.submission import exercise_module, load
 

@@ -36,6 +36,19 @@ def test_the_grader_s_command_line_loads_no_torch_before_a_command_needs_it() ->
     assert loaded == []
 
 
+def test_a_formula_exercise_is_graded_by_a_parent_that_never_loads_torch() -> None:
+    """ex05's judges read returned values (`autograder.plain_data`): its grading parent, nbgrader's included, has
+    no use for torch (its child still loads it before the audit hook, for cells that import it)."""
+    notebook = ROOT / "solutions" / "ex05_memory_planning" / "ex05_memory_planning.ipynb"
+    graded = fresh(
+        "import json\nimport autograder.nbgrader_grading\nfrom autograder.sandbox import Limits, grade_notebook\n"
+        f"results = grade_notebook({str(notebook)!r}, limits=Limits(walls=False))\n"
+        "loaded = [m for m in ('torch', 'zero_core.stages') if m in sys.modules]\n"
+        "print(json.dumps([sum(r.points for r in results), loaded]))"
+    )
+    assert graded == [10, []]
+
+
 def test_the_answer_files_are_the_ones_importlib_finds_and_no_package_is_imported_to_find_them() -> None:
     def by_importlib(name: str) -> list[Path]:
         spec = importlib.util.find_spec(name)

@@ -10,7 +10,7 @@ longer than it did (the memory ledger and the audits see the same). The process'
 A program calls `freeze_what_is_loaded()` once, after its imports and before its work: the course's command
 lines (`python -m zero_core`, `zero_core.launch`), the grader's parent and its child (before the student's
 cells), nbgrader's grading step, the test workers. A library never calls it: objects alive in someone else's
-program are theirs to collect. docs/benchmarks.md says what it saves (`benchmarks/bench_grading.py`).
+program are theirs to collect.
 """
 
 from __future__ import annotations
