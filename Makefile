@@ -49,7 +49,9 @@ lint: $(STAMP)
 
 # The course's modules compiled to bytecode before anything grades: a walled grading child sees the course read-only
 # and cannot write its bytecode, and where PYTHONDONTWRITEBYTECODE is set the tests' own processes do not write it
-# either, so each of them would compile every course module it imports again.
+# either, so each of them would compile every course module it imports again. `make test` lets its processes write
+# bytecode whatever PYTHONDONTWRITEBYTECODE says (pytest's rewritten test modules included: each test worker would
+# otherwise rewrite every test module again).
 bytecode: $(STAMP)
 	$(PY) -m compileall -q -j 0 zero_core autograder
 
@@ -63,7 +65,7 @@ TEST_WORKERS ?= $(shell n=$$(nproc 2> /dev/null || echo 1); m=$$(awk '/^MemTotal
 	/proc/meminfo 2> /dev/null); w=$$(( n + 1 < 4 ? n + 1 : 4 )); w=$$(( w < $${m:-4} ? w : $${m:-4} )); \
 	echo $$(( w > 1 ? w : 1 )))
 test: lint bytecode
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --durations=15
+	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q -n $(TEST_WORKERS) --durations=15
 	$(if $(filter true,$(CI)),$(MAKE) --no-print-directory test-oldest-torch test-newest-torch)
 
 # A venv with torch $(2) and what the backend's tests need: `make test-$(1)-torch`. PyPI's torch for Linux is
