@@ -167,8 +167,6 @@ def find_notebooks(student_dir: Path, assignments: list[str]) -> dict[str, Path]
     return found
 
 
-
-
 SUBMITTED = "submitted"
 """The column that fingerprints what a row graded: a student whose notebooks changed since is graded again."""
 
@@ -182,11 +180,6 @@ def submission_fingerprint(student_dir: Path, assignments: list[str]) -> str:
         digest.update(f"{assignment}\0".encode())
         digest.update(hashlib.sha256(path.read_bytes()).digest() if path else b"absent")
     return digest.hexdigest()[:32]
-
-
-
-
-
 
 
 def load_graders(assignments: list[str]) -> None:
