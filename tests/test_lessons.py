@@ -62,6 +62,11 @@ def kernel_spec_manager(tmp_path_factory: pytest.TempPathFactory):
     return KernelSpecManager(kernel_dirs=[str(kernels)], ensure_native_kernel=False)
 
 
+LESSON_TEMPORARY_PREFIXES = ("zero_",)
+"""What the lessons name their temporary folders (`tempfile.mkdtemp(prefix="zero_...")`): none may outlast its lesson,
+or every run of a lesson leaves one more in a learner's temporary folder."""
+
+
 def kernel_environment() -> dict[str, str]:
     """The test's environment, with the repository importable and every warning shown once."""
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
@@ -83,7 +88,7 @@ def stderr_outputs(nb: nbformat.NotebookNode) -> list[str]:
 @pytest.mark.slow
 @pytest.mark.parametrize("path", LESSONS, ids=[p.stem for p in LESSONS])
 def test_lesson_runs_top_to_bottom_without_errors_or_stderr(
-    path: Path, kernel_spec_manager, record_property, request: pytest.FixtureRequest
+    path: Path, kernel_spec_manager, record_property, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
     from jupyter_client.manager import KernelManager
     from nbclient import NotebookClient
@@ -93,7 +98,7 @@ def test_lesson_runs_top_to_bottom_without_errors_or_stderr(
     client = NotebookClient(nb, km=kernel, timeout=CELL_TIMEOUT_S, resources={"metadata": {"path": str(LESSONS_DIR)}})
     started = time.perf_counter()
     try:
-        client.execute(env=kernel_environment())
+        client.execute(env={**kernel_environment(), "TMPDIR": str(tmp_path)})
     finally:  # nbclient leaves a kernel it was handed running: ten lessons would keep ten kernels (~5 GB) alive
         if kernel.has_kernel:
             kernel.shutdown_kernel(now=True)
@@ -106,6 +111,8 @@ def test_lesson_runs_top_to_bottom_without_errors_or_stderr(
     print(f"{path.name}: {seconds:.1f} s")
     problems = stderr_outputs(nb)
     assert not problems, f"{path.name} must run warning-free:\n" + "\n".join(problems)
+    left = sorted(entry.name for entry in tmp_path.iterdir() if entry.name.startswith(LESSON_TEMPORARY_PREFIXES))
+    assert not left, f"{path.name} left its temporary folders behind (remove what a lesson writes): {left}"
     shown = answers_shown(notebook_text(nb))
     assert not shown, f"{path.name} shows an exercise's answer (show behaviour, not the code):\n" + "\n".join(shown)
     figures = unsourced(nb.cells, lesson_facts(path))
