@@ -62,9 +62,8 @@ from autograder.grade_file import (
 )
 from autograder.sandbox import ROOT, Limits, grade_notebook
 from autograder.shards import merge, parse_shard, shard_of
-from autograder.submission import EXERCISES, assignment_of, exercise_module, unreadable
+from autograder.submission import EXERCISES, assignment_of, exercise_module, load_graders, unreadable
 from zero_core.cpu_turns import machine_cores
-from zero_core.long_lived import freeze_what_is_loaded
 
 MiB = 2**20
 
@@ -180,14 +179,6 @@ def submission_fingerprint(student_dir: Path, assignments: list[str]) -> str:
         digest.update(f"{assignment}\0".encode())
         digest.update(hashlib.sha256(path.read_bytes()).digest() if path else b"absent")
     return digest.hexdigest()[:32]
-
-
-def load_graders(assignments: list[str]) -> None:
-    """Import the assignments' graders (with torch, for a stage exercise; a formula exercise's grader never
-    loads it), then keep the cycle collector off everything loaded (`zero_core.long_lived`)."""
-    for assignment in assignments:
-        exercise_module(assignment)
-    freeze_what_is_loaded()
 
 
 def feedback_text(student: str, graded: dict[str, list[CheckResult]], walled: bool = True) -> str:

@@ -198,14 +198,13 @@ def reference_main(argv: list[str]) -> int:
     assignment, results_fd, memory_bytes, witness_fd = argv
     from autograder import harness
     from autograder.sandbox import limit_resources
-    from autograder.submission import exercise_module
+    from autograder.submission import exercise_module, load_graders
     from zero_core.backends.witnessed import connect
-    from zero_core.long_lived import freeze_what_is_loaded
 
     limit_resources(int(memory_bytes))
     harness.use_witness(connect(int(witness_fd)))
+    load_graders([assignment])
     exercise = exercise_module(assignment).EXERCISE
-    freeze_what_is_loaded()
     summary = observe(lambda: exercise.sized_run(exercise.reference_stage, None), witnessed=True)
     os.write(int(results_fd), json.dumps(summary).encode())
     return 0

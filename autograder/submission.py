@@ -25,6 +25,7 @@ from typing import Any
 from autograder.checks import describe_exception
 from autograder.graded_cells import GradedCells
 from autograder.integrity import REFERENCE_MODULES
+from zero_core.long_lived import freeze_what_is_loaded
 
 ROOT = Path(__file__).resolve().parents[1]
 RELEASE_DIR = ROOT / "exercises"
@@ -47,6 +48,15 @@ def exercise_module(assignment: str) -> types.ModuleType:
     if assignment not in EXERCISES:
         raise ValueError(f"unknown assignment {assignment!r}; the course has {', '.join(EXERCISES)}")
     return import_module(EXERCISES[assignment])
+
+
+def load_graders(assignments: list[str]) -> None:
+    """Import the assignments' graders (with torch, for a stage exercise; a formula exercise's grader never
+    loads it), then keep the cycle collector off everything loaded (`zero_core.long_lived`): what a grading
+    program does once, after its imports and before it grades."""
+    for assignment in assignments:
+        exercise_module(assignment)
+    freeze_what_is_loaded()
 
 
 def assignment_of(path: Path) -> str:
