@@ -33,7 +33,7 @@ from traitlets import Bool, Float
 from autograder import walls as os_walls
 from autograder.checks import CheckResult, grading_secret
 from autograder.sandbox import Limits, grade_notebook
-from autograder.submission import EXERCISES, load_graders
+from autograder.submission import EXERCISES
 
 
 class TrustedGrade(Preprocessor):
@@ -57,7 +57,6 @@ class TrustedGrade(Preprocessor):
             raise ValueError(f"{assignment}.ipynb is not a notebook of this course ({', '.join(EXERCISES)})")
         if self.walls:
             os_walls.require()
-        load_graders([assignment])  # this grader's process is nbgrader's: the first notebook freezes what it loaded
         limits = Limits(time_s=self.time_limit_s, check_time_s=self.check_time_limit_s, walls=self.walls)
         with tempfile.TemporaryDirectory(prefix="nbgrader-trusted-") as folder:
             path = Path(folder) / f"{assignment}.ipynb"

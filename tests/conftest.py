@@ -62,10 +62,3 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
 
     return WorkUnitScheduling(config, log)
 
-
-def pytest_collection_finish(session: pytest.Session) -> None:
-    """Every test module is imported (torch, nbgrader, the course): keep the cycle collector off all of it
-    (`zero_core.long_lived`), as the course's own programs do after their imports."""
-    from zero_core.long_lived import freeze_what_is_loaded
-
-    freeze_what_is_loaded()

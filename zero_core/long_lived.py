@@ -9,8 +9,10 @@ longer than it did (the memory ledger and the audits see the same). The process'
 
 A program calls `freeze_what_is_loaded()` once, after its imports and before its work: the course's command
 lines (`python -m zero_core`, `zero_core.launch`), the grader's parent and its child (before the student's
-cells), nbgrader's grading step, the test workers. A library never calls it: objects alive in someone else's
-program are theirs to collect.
+cells), the reference child. A library never calls it, nor does code that runs inside someone else's process
+(nbgrader's, a test worker): objects alive there are theirs to collect. `VirtualCluster.run` freezes what is
+older than a run only while the run lasts and unfreezes everything after it (`cluster._older_objects_frozen`),
+so a program's freeze holds until its first run on the virtual cluster.
 """
 
 from __future__ import annotations
