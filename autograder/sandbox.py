@@ -61,6 +61,7 @@ from autograder.submission import (
     RELEASE_DIR,
     Submission,
     assignment_of,
+    cells_name_torch,
     exercise_module,
     load,
     reference_uses,
@@ -386,7 +387,8 @@ def child_main(argv: list[str]) -> int:
             out.write(json.dumps(record) + "\n")
             out.flush()
 
-        import torch  # noqa: F401  (graded cells may import it: its native libraries load before the hook refuses ctypes)
+        if cells_name_torch(Path(path), assignment):  # its native libraries load before the hook refuses ctypes
+            import torch  # noqa: F401
 
         freeze_what_is_loaded()
         child_guard.install()

@@ -162,6 +162,38 @@ def _reference_uses(trusted: list[dict], solutions: dict[str, str], assignment: 
     ]
 
 
+def _cells_to_run(trusted: list[dict], solutions: dict[str, str]) -> list[tuple[str, str | None]]:
+    """(grade id, source) of every cell `load` runs, in the release's order: its setup cells, and the student's
+    solution cells (source None for one missing from the student's notebook)."""
+    cells: list[tuple[str, str | None]] = []
+    for cell in trusted:
+        grade_id = _nbgrader(cell).get("grade_id", "")
+        if is_setup_cell(cell):
+            cells.append((grade_id, cell["source"]))
+        elif is_solution_cell(cell):
+            cells.append((grade_id, solutions.get(grade_id)))
+    return cells
+
+
+NATIVE_NAMES = ("torch", "zero_core")
+"""What a cell must name to use torch, whose import loads native libraries through `ctypes`: torch, or a module
+of the course (each imports torch). Graded cells may import only what their text names (`autograder.policy`)."""
+
+
+def cells_name_torch(path: Path, assignment: str) -> bool:
+    """Whether a cell that `load` would run for the notebook at `path` names torch or the course's package
+    (`NATIVE_NAMES`, anywhere in its text, comments included: a false alarm only costs the import).
+
+    The grading child imports torch before its audit hook refuses `ctypes` (`autograder.child_guard`) only for
+    such a notebook or a grader that needs torch: a formula exercise's child (ex05) then starts in a tenth of
+    the time. A cell that reached torch without naming it would break the rules for graded cells, and there
+    its import fails under the hook, as any other native library's."""
+    return any(
+        source is not None and any(name in source for name in NATIVE_NAMES)
+        for _, source in _cells_to_run(*_trusted_cells(path, assignment))
+    )
+
+
 def load(path: Path, assignment: str | None = None, rules: bool = True) -> Submission:
     """Run the setup and solution cells of the notebook at `path`; never raises for the student's code.
     `rules=False` skips the rules for graded cells: the grading child's parent held the cells to them before
@@ -173,16 +205,9 @@ def load(path: Path, assignment: str | None = None, rules: bool = True) -> Submi
     sys.modules["submission"] = namespace_module
     problems = _reference_uses(trusted, solutions, assignment) if rules else []
     submission = Submission(assignment, namespace_module.__dict__, integrity_problems=problems)
-    for cell in trusted:
-        grade_id = _nbgrader(cell).get("grade_id", "")
-        if is_setup_cell(cell):
-            source = cell["source"]
-        elif is_solution_cell(cell):
-            if grade_id not in solutions:
-                submission.cell_errors.append(f"cell `{grade_id}` is missing from the notebook")
-                continue
-            source = solutions[grade_id]
-        else:
+    for grade_id, source in _cells_to_run(trusted, solutions):
+        if source is None:
+            submission.cell_errors.append(f"cell `{grade_id}` is missing from the notebook")
             continue
         try:
             _run_cell(source, f"<cell {grade_id}>", submission.namespace)

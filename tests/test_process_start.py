@@ -12,8 +12,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from autograder import walls
+from autograder.child_process import MiB
 from autograder.integrity import REFERENCE_CODE
+from autograder.sandbox import Limits, grade_notebook
+from autograder.submission import cells_name_torch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -38,7 +43,7 @@ def test_the_grader_s_command_line_loads_no_torch_before_a_command_needs_it() ->
 
 def test_a_formula_exercise_is_graded_by_a_parent_that_never_loads_torch() -> None:
     """ex05's judges read returned values (`autograder.plain_data`): its grading parent, nbgrader's included, has
-    no use for torch (its child still loads it before the audit hook, for cells that import it)."""
+    no use for torch (nor has its child, unless a cell names torch: the next test)."""
     notebook = ROOT / "solutions" / "ex05_memory_planning" / "ex05_memory_planning.ipynb"
     graded = fresh(
         "import json\nimport autograder.nbgrader_grading\nfrom autograder.sandbox import Limits, grade_notebook\n"
@@ -47,6 +52,36 @@ def test_a_formula_exercise_is_graded_by_a_parent_that_never_loads_torch() -> No
         "print(json.dumps([sum(r.points for r in results), loaded]))"
     )
     assert graded == [10, []]
+
+
+MAPS_NO_TORCH = 200 * MiB
+"""An address space in which torch's libraries cannot be mapped (`import torch` fails at libtorch_cpu.so), and in
+which Python grades a formula exercise."""
+
+
+@pytest.mark.parametrize("walled", [True, False], ids=["walls", "audit-hook-only"])
+def test_a_formula_exercise_s_child_loads_torch_only_for_a_notebook_that_names_it(walled: bool, tmp_path: Path) -> None:
+    """The grading child imports torch before its audit hook only where a cell it runs names torch or the course
+    (`submission.cells_name_torch`). So the ex05 solution earns every point in an address space too small for
+    torch; the same notebook with `import torch` in its formulas cell (which the rules allow) loses every point
+    there, as the child then loads torch, and gets all of them with the usual limit."""
+    if walled and isinstance(walls.available(), str):
+        pytest.skip(f"no walls on this machine: {walls.available()}")
+    solution = ROOT / "solutions" / "ex05_memory_planning" / "ex05_memory_planning.ipynb"
+    notebook = json.loads(solution.read_text())
+    (formulas,) = [c for c in notebook["cells"] if c["metadata"].get("nbgrader", {}).get("grade_id") == "formulas"]
+    formulas["source"] = "import torch\n\n" + "".join(formulas["source"])
+    importing = tmp_path / "ex05_memory_planning.ipynb"
+    importing.write_text(json.dumps(notebook))
+    ex05 = "ex05_memory_planning"
+    assert not cells_name_torch(solution, ex05) and cells_name_torch(importing, ex05)
+
+    def points(path: Path, memory_bytes: int) -> int:
+        return sum(r.points for r in grade_notebook(path, limits=Limits(walls=walled, memory_bytes=memory_bytes)))
+
+    assert points(solution, MAPS_NO_TORCH) == 10
+    assert points(importing, MAPS_NO_TORCH) == 0
+    assert points(importing, Limits().memory_bytes) == 10
 
 
 def test_the_answer_files_are_the_ones_importlib_finds_and_no_package_is_imported_to_find_them() -> None:
