@@ -61,4 +61,3 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     from tests.work_units import WorkUnitScheduling
 
     return WorkUnitScheduling(config, log)
-

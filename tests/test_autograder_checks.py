@@ -14,7 +14,8 @@ from autograder import ex05
 from autograder.checks import CheckFailed
 from autograder.integrity import REFERENCE_MODULES, StudentShard, require_own_code, scan_objects
 from autograder.submission import without_magics
-from tests.test_grading_integrity import FIXTURES, UNUSUAL, WRONG, WrongSubmission, solution_notebook
+from tests.solution_notebooks import solution_notebook
+from tests.test_grading_integrity import FIXTURES, UNUSUAL, WRONG, WrongSubmission
 
 
 def model_state_bytes(stage: int, psi: float, n_gpus: int) -> float:

@@ -7,7 +7,6 @@ child-process path in tests/test_grading_integrity.py.
 from __future__ import annotations
 
 import csv
-import json
 import os
 import shutil
 import subprocess
@@ -18,6 +17,7 @@ import pytest
 
 from autograder.cli import build_parser, main
 from autograder.grade_file import key_path, write_csv_atomically
+from tests.solution_notebooks import solution_cell, with_cell
 
 ROOT = Path(__file__).resolve().parents[1]
 EX05 = "ex05_memory_planning"
@@ -31,16 +31,6 @@ def run_autograder(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
 
 def notebook(folder: str, assignment: str = EX05) -> Path:
     return ROOT / folder / assignment / f"{assignment}.ipynb"
-
-
-def with_cell(assignment: str, grade_id: str, source: str, path: Path) -> Path:
-    nb = json.loads(notebook("solutions", assignment).read_text())
-    for cell in nb["cells"]:
-        if cell["metadata"].get("nbgrader", {}).get("grade_id") == grade_id:
-            cell["source"] = source
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(nb))
-    return path
 
 
 def test_check_prints_every_check_and_the_total_last() -> None:
@@ -288,11 +278,7 @@ def test_no_submission_can_touch_the_grades_the_feedback_or_the_grader(tmp_path:
     grades file, without losing a point of its own. The batch goes on, and only the grader writes."""
     out, feedback = tmp_path / "grades.csv", tmp_path / "feedback"
     submitted = tmp_path / "submitted"
-    solution_cell = next(
-        cell["source"]
-        for cell in json.loads(notebook("solutions").read_text())["cells"]
-        if cell["metadata"].get("nbgrader", {}).get("grade_id") == "formulas"
-    )
+    formulas = solution_cell(EX05, "formulas")
     targets = ((str(feedback / "alice.txt"), "alice: 0 points, see me"), (str(out), "mallory,10,10,10,0\n"))
     vandal = (
         "import torch\n"
@@ -305,9 +291,9 @@ def test_no_submission_can_touch_the_grades_the_feedback_or_the_grader(tmp_path:
     )
     (submitted / "alice").mkdir(parents=True)
     shutil.copy(notebook("solutions"), submitted / "alice" / f"{EX05}.ipynb")
-    with_cell(EX05, "formulas", "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n" + "".join(solution_cell),
+    with_cell(EX05, "formulas", "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n" + formulas,
               submitted / "mallory" / f"{EX05}.ipynb")
-    with_cell(EX05, "formulas", vandal + "".join(solution_cell), submitted / "zed" / f"{EX05}.ipynb")
+    with_cell(EX05, "formulas", vandal + formulas, submitted / "zed" / f"{EX05}.ipynb")
     done = run_autograder("grade", str(submitted), "--out", str(out), "--feedback", str(feedback), "--assignments",
                           EX05, "--no-progress")
     assert done.returncode == 0, done.stderr

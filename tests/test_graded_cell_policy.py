@@ -26,6 +26,7 @@ from autograder.policy import (
 )
 from autograder.sandbox import Limits, grade_notebook
 from autograder.submission import EXERCISES, reference_uses
+from tests.solution_notebooks import solution_notebook
 from tests.test_grading_integrity import (
     UNUSUAL,
     WRONG,
@@ -33,7 +34,6 @@ from tests.test_grading_integrity import (
     grade_in_process,
     marker,
     release_notebook,
-    solution_notebook,
 )
 
 SETUP = (

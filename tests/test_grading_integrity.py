@@ -21,6 +21,7 @@ from autograder.integrity import StudentShard
 from autograder.sandbox import Limits, grade_notebook, grade_submission
 from autograder.submission import EXERCISES, exercise_module, load
 from tests.fixture_text import read_fixture, wrong_fixtures
+from tests.solution_notebooks import solution_notebook, with_cell
 from zero_core.cluster import VirtualCluster
 from zero_core.stages import Zero2, Zero3
 
@@ -30,10 +31,6 @@ FIXTURES = ROOT / "tests" / "fixtures" / "wrong"
 
 def marker(assignment: str) -> pytest.MarkDecorator:
     return getattr(pytest.mark, assignment[:4])
-
-
-def solution_notebook(assignment: str) -> Path:
-    return ROOT / "solutions" / assignment / f"{assignment}.ipynb"
 
 
 def release_notebook(assignment: str) -> Path:
@@ -82,14 +79,7 @@ class WrongSubmission:
 
     def notebook(self, directory: Path) -> Path:
         """The solution notebook with this submission's cell in place of `cell`."""
-        notebook = json.loads(solution_notebook(self.exercise).read_text())
-        cells = [c for c in notebook["cells"] if c["metadata"].get("nbgrader", {}).get("grade_id") == self.cell]
-        assert len(cells) == 1, f"{self.path.name}: no solution cell {self.cell!r} in {self.exercise}"
-        cells[0]["source"] = self.source
-        path = directory / self.exercise / f"{self.exercise}.ipynb"
-        path.parent.mkdir(parents=True)
-        path.write_text(json.dumps(notebook))
-        return path
+        return with_cell(self.exercise, self.cell, self.source, directory / self.exercise / f"{self.exercise}.ipynb")
 
 
 WRONG = [WrongSubmission.read(path) for path in wrong_fixtures()]

@@ -19,6 +19,7 @@ from autograder.child_process import MiB
 from autograder.integrity import REFERENCE_CODE
 from autograder.sandbox import Limits, grade_notebook
 from autograder.submission import cells_name_torch
+from tests.solution_notebooks import solution_cell, solution_notebook, with_cell
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -68,13 +69,10 @@ def test_a_formula_exercise_s_child_loads_torch_only_for_a_notebook_that_names_i
     there, as the child then loads torch, and gets all of them with the usual limit."""
     if walled and isinstance(walls.available(), str):
         pytest.skip(f"no walls on this machine: {walls.available()}")
-    solution = ROOT / "solutions" / "ex05_memory_planning" / "ex05_memory_planning.ipynb"
-    notebook = json.loads(solution.read_text())
-    (formulas,) = [c for c in notebook["cells"] if c["metadata"].get("nbgrader", {}).get("grade_id") == "formulas"]
-    formulas["source"] = "import torch\n\n" + "".join(formulas["source"])
-    importing = tmp_path / "ex05_memory_planning.ipynb"
-    importing.write_text(json.dumps(notebook))
     ex05 = "ex05_memory_planning"
+    solution = solution_notebook(ex05)
+    importing = with_cell(ex05, "formulas", "import torch\n\n" + solution_cell(ex05, "formulas"),
+                          tmp_path / f"{ex05}.ipynb")
     assert not cells_name_torch(solution, ex05) and cells_name_torch(importing, ex05)
 
     def points(path: Path, memory_bytes: int) -> int:

@@ -20,7 +20,8 @@ import pytest
 from autograder import recorded, walls
 from autograder.student_release import ReleaseError, build, execute_lesson
 from autograder.submission import exercise_module
-from tests.test_grading_integrity import FIXTURES, ROOT, WrongSubmission, solution_notebook
+from tests.solution_notebooks import solution_notebook
+from tests.test_grading_integrity import FIXTURES, ROOT, WrongSubmission
 
 CHECK_IN_RELEASE = """
 import sys
