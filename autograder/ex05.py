@@ -183,7 +183,6 @@ def _judge(groups: tuple[str, ...], summary: str) -> Callable[..., str]:
     def judge(
         observation: object, psis: list[float], world_sizes: list[int], gpu_counts: list[int] | None = None
     ) -> str:
-
         calls = [call for group in groups for call in _calls(group, psis, world_sizes, gpu_counts)]
         returned = returned_values(observation, "returned", len(calls))
         for (name, kwargs), got in zip(calls, returned, strict=True):
@@ -238,7 +237,6 @@ def observe_answers(*answers: object) -> dict:
 
 def judge_answers(observation: object) -> str:
     """Numbers within 1% (GB answers may be rounded to 0.1 GB); stages and GPU counts exactly."""
-
     given = dict(zip(ANSWERS, returned_values(observation, "answers", len(ANSWERS)), strict=True))
     wrong = []
     for name, expected in expected_answers().items():
