@@ -1,5 +1,9 @@
 """The grader grades what it should: solutions earn every point, untouched exercises none, and each wrong
 submission in tests/fixtures/wrong loses exactly the checks its header names, with a message that says why.
+The nbgrader round trip (tests/test_nbgrader_roundtrip.py) grades some of these notebooks inside the walls and
+holds them to the same: the solution and the untouched release of each assignment it sets, and the fixtures it
+hands in that break no rule for graded cells (`tests.round_trip_class.held_by_the_round_trip`). They are graded
+there, not a second time here.
 
 A fixture that breaks a rule for graded cells (its header's `RULES`) loses every check before anything runs
 (tests/test_graded_cell_policy.py); here it is graded with the rules set aside, so that what its header names
@@ -21,6 +25,8 @@ from autograder.integrity import StudentShard
 from autograder.sandbox import Limits, grade_notebook, grade_submission
 from autograder.submission import EXERCISES, exercise_module, load
 from tests.fixture_text import read_fixture, wrong_fixtures
+from tests.round_trip_class import ASSIGNMENTS as ROUND_TRIP_ASSIGNMENTS
+from tests.round_trip_class import held_by_the_round_trip
 from tests.solution_notebooks import solution_notebook, with_cell
 from zero_core.cluster import VirtualCluster
 from zero_core.stages import Zero2, Zero3
@@ -87,7 +93,28 @@ UNUSUAL = [WrongSubmission.read(path) for path in sorted((ROOT / "tests" / "fixt
 
 
 def wrong_params(child: bool) -> list:
-    return [pytest.param(w, id=w.path.stem, marks=marker(w.exercise)) for w in WRONG if w.child == child]
+    return [
+        pytest.param(w, id=w.path.stem, marks=marker(w.exercise))
+        for w in WRONG
+        if w.child == child and not held_by_the_round_trip(w.path)
+    ]
+
+
+def child_params() -> list:
+    """(fixture, walled) for each fixture only a child can grade, with the audit hook alone and inside the walls,
+    where the round trip does not grade it inside the walls already."""
+    return [
+        pytest.param(w, walled, id=f"{w.path.stem}-{'walls' if walled else 'audit-hook-only'}",
+                     marks=marker(w.exercise))
+        for w in WRONG
+        if w.child
+        for walled in (True, False)
+        if not (walled and held_by_the_round_trip(w.path))
+    ]
+
+
+NOT_IN_THE_ROUND_TRIP = [pytest.param(a, marks=marker(a)) for a in EXERCISES if a not in ROUND_TRIP_ASSIGNMENTS]
+"""The assignments whose solution and release the round trip does not grade."""
 
 
 def assert_loses_exactly(wrong: WrongSubmission, results: list[CheckResult]) -> None:
@@ -99,14 +126,14 @@ def assert_loses_exactly(wrong: WrongSubmission, results: list[CheckResult]) -> 
     assert first_lost is None or wrong.message in first_lost.message, first_lost.message
 
 
-@pytest.mark.parametrize("assignment", [pytest.param(a, marks=marker(a)) for a in EXERCISES])
+@pytest.mark.parametrize("assignment", NOT_IN_THE_ROUND_TRIP)
 def test_the_solution_earns_every_point(assignment: str) -> None:
     results = grade_in_process(solution_notebook(assignment))
     assert [r.message for r in results if not r.passed] == []
     assert total(results) == (10, 10)
 
 
-@pytest.mark.parametrize("assignment", [pytest.param(a, marks=marker(a)) for a in EXERCISES])
+@pytest.mark.parametrize("assignment", NOT_IN_THE_ROUND_TRIP)
 def test_the_untouched_exercise_earns_nothing_and_says_it_is_not_done(assignment: str) -> None:
     results = grade_in_process(release_notebook(assignment))
     assert total(results) == (0, 10)
@@ -118,15 +145,17 @@ def test_a_wrong_submission_loses_exactly_its_checks(wrong: WrongSubmission, tmp
     assert_loses_exactly(wrong, grade_in_process(wrong.notebook(tmp_path), behind_the_rules=wrong.rules is not None))
 
 
-@pytest.mark.parametrize("unusual", [pytest.param(u, id=u.path.stem, marks=marker(u.exercise)) for u in UNUSUAL])
+@pytest.mark.parametrize(
+    "unusual",
+    [pytest.param(u, id=u.path.stem, marks=marker(u.exercise)) for u in UNUSUAL if not held_by_the_round_trip(u.path)],
+)
 def test_a_correct_but_unusual_submission_earns_every_point(unusual: WrongSubmission, tmp_path: Path) -> None:
     results = grade_in_process(unusual.notebook(tmp_path))
     assert [r.message for r in results if not r.passed] == []
     assert total(results) == (10, 10)
 
 
-@pytest.mark.parametrize("walled", [True, False], ids=["walls", "audit-hook-only"])
-@pytest.mark.parametrize("wrong", wrong_params(child=True))
+@pytest.mark.parametrize("wrong, walled", child_params())
 def test_a_submission_graded_in_a_child_process_loses_exactly_its_checks(
     wrong: WrongSubmission, walled: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -24,9 +24,12 @@ from autograder.checks import (
 )
 from autograder.harness import STEPS
 from autograder.sandbox import grade_submission
+from autograder.stage_checks import StageExercise
 from autograder.submission import EXERCISES, exercise_module, load
 
 ROOT = Path(__file__).resolve().parents[1]
+STAGE_EXERCISES = [a for a in EXERCISES if isinstance(getattr(exercise_module(a), "EXERCISE", None), StageExercise)]
+"""The exercises whose checks train a stage (`autograder.stage_checks.StageExercise`)."""
 SECRETS = [b"the instructor's secret", b"another term", b"a third"]
 MANY_SECRETS = [f"secret {i}".encode() for i in range(300)]
 
@@ -194,24 +197,32 @@ def test_every_accumulation_ex08_may_draw_clips_every_step(world_size: int) -> N
 # -- the solutions, whatever is drawn ------------------------------------------------------------------------
 
 
+def assert_every_point_naming_the_drawn_world_sizes(graded: list[checks.Check], results: list) -> None:
+    """The solution's results under the drawn checks `graded`: every point, and each hidden check's message
+    names the world sizes it drew."""
+    assert [r.message for r in results if not r.passed] == [] and total(results) == (10, 10)
+    for check, result in zip(graded, results, strict=True):
+        if check.draw:
+            sizes = check.kwargs["world_sizes"]
+            named = ", ".join(map(str, sizes)) in result.message
+            assert named or all(f"{n} ranks" in result.message for n in sizes), result.message
+
+
 @pytest.mark.parametrize(
     ("assignment", "secrets"),
     [
         pytest.param(a, SECRETS if a in ("ex01_collectives", "ex05_memory_planning") else SECRETS[:1], marks=marker(a))
         for a in EXERCISES
+        if a not in STAGE_EXERCISES
     ],
 )
 def test_the_solution_earns_every_point_whatever_the_secret(assignment: str, secrets: list[bytes]) -> None:
+    """The stage exercises' solutions are graded under `SECRETS[0]` in tests/test_prepared_judges.py, which holds
+    them to the same while it checks that judging makes no run of its own."""
     submission = load(ROOT / "solutions" / assignment / f"{assignment}.ipynb")
     for secret in secrets:
         graded = drawn(exercise_module(assignment).CHECKS, assignment, secret)
-        results = list(grade_submission(submission, graded))
-        assert [r.message for r in results if not r.passed] == [] and total(results) == (10, 10)
-        for check, result in zip(graded, results, strict=True):
-            if check.draw:
-                sizes = check.kwargs["world_sizes"]
-                named = ", ".join(map(str, sizes)) in result.message
-                assert named or all(f"{n} ranks" in result.message for n in sizes), result.message
+        assert_every_point_naming_the_drawn_world_sizes(graded, list(grade_submission(submission, graded)))
 
 
 def _judged(assignment: str, name: str, **kwargs) -> str:

@@ -1,20 +1,21 @@
 """The instructor's round trip with nbgrader itself, on a fake class in a temporary course:
 generate_assignment, collect (copying into out/submitted/), autograde, generate_feedback.
 
-alice hands in the solutions, carol the untouched release, and the others one fixture each from
-tests/fixtures (`CLASS`): bob an honest mistake; mallory, oscar, peggy, trent, victor and walter an attack
-on a grader judging beside their code (patched comparisons, a patched grader, forged results, the
-reference loaded by a built name or called past the shard, reading the solutions, a process left behind,
-a signal to the parent; most of them break a rule for graded cells, and lose every check before anything
-runs); xavier, yvonne and zach an attack on the walls and the evidence (a file written
-into the grader's venv, the solutions read through torch, a ledger rewritten, every gathered layer kept
-outside torch, where only the kernel's count of memory sees it); ursula a correct notebook
-written unusually. The gradebook must give each of
-them, check by check, exactly what the fixture's header says: the points `check` and `grade` give for the same
-cell, which tests/test_grading_integrity.py holds them to, so the gradebook and the batch grader agree check by
-check without grading the class twice (tests/test_readme_instructor.py compares the two end to end). alice's
-graded test cells must not have written a byte to stderr (nbgrader scores such a cell 0), and everyone gets HTML
-feedback.
+alice hands in the solutions, carol the untouched release, and the others one fixture each from tests/fixtures
+(`CLASS`, tests/round_trip_class.py): bob an honest mistake; mallory, oscar, peggy, trent, victor and walter an
+attack on a grader judging beside their code (patched comparisons, a patched grader, forged results, the reference
+loaded by a built name or called past the shard, reading the solutions, a process left behind, a signal to the
+parent; most of them break a rule for graded cells, and lose every check before anything runs); xavier, yvonne and
+zach an attack on the walls and the evidence (a file written into the grader's venv, the solutions read through
+torch, a ledger rewritten, every gathered layer kept outside torch, where only the kernel's count of memory sees
+it); ursula a correct notebook written unusually. The gradebook must give each of them, check by check, exactly
+what the fixture's header says: the points `check` and `grade` give for the same cell, which
+tests/test_grading_integrity.py holds the other fixtures to, so the gradebook and the batch grader agree check by
+check without grading the class twice (tests/test_readme_instructor.py compares the two end to end); and the first
+check each loses says why, in the phrase the header names. For a fixture that breaks no rule for graded cells that
+is its whole header, and the round trip is where it is graded: the integrity test grades it no second time.
+alice's graded test cells must not have written a byte to stderr (nbgrader scores such a cell 0), and everyone
+gets HTML feedback.
 """
 
 from __future__ import annotations
@@ -33,59 +34,10 @@ from nbgrader.apps import NbGraderAPI
 from traitlets.config.loader import PyFileConfigLoader
 
 from autograder.submission import exercise_module, is_solution_cell
-from tests.fixture_text import read_fixture, with_paths
+from tests.fixture_text import FIXTURES, read_fixture, with_paths
+from tests.round_trip_class import ASSIGNMENTS, CLASS
 
 ROOT = Path(__file__).resolve().parents[1]
-FIXTURES = ROOT / "tests" / "fixtures"
-CLASS = {
-    "ex01_collectives": {"mallory": "wrong/ex01_patches_torch_equal.patch"},
-    "ex03_zero2_reduce_scatter_backward": {
-        "bob": "wrong/ex03_all_reduce_instead_of_reduce_scatter.patch",
-        "mallory": "wrong/ex03_patches_torch_equal.patch",
-        "walter": "wrong/ex03_unwraps_the_shard_for_the_reference_collective.py",
-        "ursula": "correct/ex03_logs_gradient_norms_and_helpers.py",
-    },
-    "ex04_zero3_gather_linear": {
-        "mallory": "wrong/ex04_imports_the_reference_by_a_built_name.py",
-        "ursula": "correct/ex04_names_the_reference_in_strings_and_helpers.py",
-    },
-    "ex06_bucketed_overlap": {
-        "bob": "wrong/ex06_waits_at_once.patch",
-        "mallory": "wrong/ex06_imports_the_reference_by_a_built_name.py",
-        "ursula": "correct/ex06_plans_from_the_far_end.py",
-        "zach": "wrong/ex06_rewrites_its_waits_in_the_ledger.patch",
-    },
-    "ex07_zero3_prefetch": {
-        "bob": "wrong/ex07_gathers_on_demand.patch",
-        "ursula": "correct/ex07_prefetches_on_release.py",
-        "zach": "wrong/ex07_keeps_every_layer_gathered_outside_torch.patch",
-    },
-    "ex08_clip_and_accumulate": {
-        "bob": "wrong/ex08_defers_to_the_last_micro_batch.py",
-        "ursula": "correct/ex08_first_micro_batch_in_place_and_gathered_norms.py",
-    },
-    "ex09_hierarchical_allgather": {
-        "bob": "wrong/ex09_flat_all_gather.py",
-        "ursula": "correct/ex09_one_gather_in_the_node_then_block_swaps.py",
-    },
-    "ex10_sharded_checkpoints": {
-        "bob": "wrong/ex10_resumes_with_the_step_at_zero.patch",
-        "ursula": "correct/ex10_recomputes_the_ranges_from_the_partition.py",
-    },
-    "ex05_memory_planning": {
-        "bob": "wrong/ex05_wrong_formula.patch",
-        "mallory": "wrong/ex05_forges_the_results_file.py",
-        "oscar": "wrong/ex05_patches_the_grader.py",
-        "peggy": "wrong/ex05_reads_the_solutions.py",
-        "trent": "wrong/ex05_leaves_a_process_behind.py",
-        "victor": "wrong/ex05_kills_its_parent.py",
-        "xavier": "wrong/ex05_writes_a_pth_file_into_the_venv.py",
-        "yvonne": "wrong/ex05_reads_the_solutions_through_torch.py",
-    },
-}
-"""Who hands in which fixture, besides alice (the solution) and carol (the release untouched): one student
-per class of attack on the grader, and correct submissions written unusually (`ursula`)."""
-ASSIGNMENTS = tuple(CLASS)
 STUDENTS = (
     "alice", "bob", "carol", "mallory", "oscar", "peggy", "trent", "ursula", "victor", "walter", "xavier", "yvonne",
     "zach",
@@ -96,12 +48,12 @@ EACH_ASSIGNMENT = pytest.mark.parametrize("assignment", list(PER_ASSIGNMENT.valu
 pytestmark = pytest.mark.filterwarnings("ignore::sqlalchemy.exc.SAWarning")  # nbgrader's own session noise
 
 
-def fixture_cell(name: str) -> tuple[str, str, set[str] | None]:
-    """(cell id, cell source, checks lost) of a submission in tests/fixtures; None for the checks lost by a
-    cell that breaks a rule for graded cells: it loses every check (its `LOSES` is what the nets behind the
-    rules make of it, see tests/fixtures/wrong/README.md)."""
+def fixture_cell(name: str) -> tuple[str, str, set[str] | None, str]:
+    """(cell id, cell source, checks lost, phrase of the first lost check's message) of a submission in
+    tests/fixtures; None for the checks lost by a cell that breaks a rule for graded cells: it loses every check
+    (its `LOSES` and `MESSAGE` are what the nets behind the rules make of it, see tests/fixtures/wrong/README.md)."""
     meta, source = read_fixture(FIXTURES / name)
-    return meta["CELL"], source, None if "RULES" in meta else set(meta["LOSES"])
+    return meta["CELL"], source, None if "RULES" in meta else set(meta["LOSES"]), meta["MESSAGE"]
 
 
 def handed_in(assignment: str) -> dict[str, set[str]]:
@@ -155,7 +107,7 @@ def course(tmp_path_factory: pytest.TempPathFactory, assignment: str) -> Iterato
         }
         notebooks = {"alice": submission(release, solution, solutions), "carol": submission(release, solution, {})}
         for student, name in CLASS[assignment].items():
-            cell, source, _ = fixture_cell(name)
+            cell, source, _, _ = fixture_cell(name)
             notebooks[student] = submission(release, solution, {**solutions, cell: source})
         for student, notebook in notebooks.items():
             path = course / "out" / "submitted" / student / assignment / f"{assignment}.ipynb"
@@ -208,6 +160,35 @@ def test_autograde_gives_every_student_exactly_the_checks_their_notebook_earns(c
             expected = {c.name: 0.0 if c.name in lost else float(c.points) for c in exercise_module(assignment).CHECKS}
             assert got == expected, student
             assert gradebook.find_submission(assignment, student).score == expected_points(assignment, lost)
+
+
+def verdicts(course: Path, assignment: str, student: str) -> dict[str, str]:
+    """What autograde wrote in each test cell of the student's notebook, by check: the grader's message."""
+    graded = nbformat.read(course / "out" / "autograded" / student / assignment / f"{assignment}.ipynb", 4)
+    return {
+        cell.metadata.nbgrader.grade_id: "".join(o.get("evalue", "") + o.get("text", "") for o in cell.outputs)
+        for cell in graded.cells
+        if cell.metadata.get("nbgrader", {}).get("grade") and not cell.metadata.nbgrader.get("solution")
+    }
+
+
+@EACH_ASSIGNMENT
+def test_the_first_check_a_student_loses_says_why_and_the_untouched_release_says_it_is_not_done(
+    course: Path, assignment: str
+) -> None:
+    """The first lost check's message holds the phrase the fixture's header names (`MESSAGE`), as
+    tests/test_grading_integrity.py holds the fixtures it grades: with the points above, the round trip is the
+    one place that grades the fixtures it hands in without breaking a rule for graded cells
+    (`round_trip_class.held_by_the_round_trip`). carol's every check says the exercise is not done."""
+    checks = [check.name for check in exercise_module(assignment).CHECKS]
+    said = verdicts(course, assignment, "carol")
+    assert all("NotImplementedError" in said[name] for name in checks), said
+    for student, name in CLASS[assignment].items():
+        _, _, loses, message = fixture_cell(name)
+        if loses:
+            said = verdicts(course, assignment, student)
+            first_lost = next(check for check in checks if check in loses)
+            assert message in said[first_lost], f"{student} ({name}), {first_lost}: {said[first_lost]}"
 
 
 @EACH_ASSIGNMENT
