@@ -28,7 +28,6 @@ rank threads costs before any of its code runs; a stage's step over it is what t
 
 from __future__ import annotations
 
-import multiprocessing
 import statistics
 import time
 from dataclasses import dataclass
@@ -42,6 +41,7 @@ from zero_core.memory import MemoryTracker
 from zero_core.model import build_model, loss_fn, micro_batch, parameter_layers
 from zero_core.optim import AdamShard, precision_dtype
 from zero_core.partition import flatten
+from zero_core.stage_pool import worker_context
 from zero_core.stages import TrainConfig
 
 FLOOR_PROCESSES = 2
@@ -116,13 +116,14 @@ class Floor:
 
 
 class Floors:
-    """The worker processes that run the floors, started once (a new process imports torch again: seconds).
+    """The worker processes that run the floors, started once, as the stage pool's are
+    (`zero_core.stage_pool.worker_context`).
 
     Their memory stays out of a benchmark's peak RSS, which is the cluster's.
     """
 
     def __init__(self) -> None:
-        context = multiprocessing.get_context("spawn")
+        context = worker_context()
         self._manager = context.Manager()
         self._barrier = self._manager.Barrier(FLOOR_PROCESSES)
         self._one = context.Pool(1)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -26,6 +27,20 @@ from zero_core.stages import TrainConfig
 CONFIG = TrainConfig(model=preset("micro"))
 STAGES: list[int | str] = [0, 3, "hpz"]
 STEPS = 2
+
+
+def pool_workers(parent: psutil.Process) -> list[psutil.Process]:
+    """The stage pool's workers that `parent` started: forked by multiprocessing's forkserver (the server is
+    `parent`'s child, the workers are its children), or spawned (`spawn_main`) where there is no forkserver."""
+    workers = []
+    for process in parent.children(recursive=True):
+        try:
+            command = " ".join(process.cmdline())
+            if "spawn_main" in command or ("forkserver" in command and process.ppid() != parent.pid):
+                workers.append(process)
+        except psutil.NoSuchProcess:
+            continue
+    return workers
 
 
 def _untimed(entries: list) -> list[tuple]:
@@ -69,8 +84,7 @@ def test_a_worker_killed_mid_stage_is_reported_and_the_others_are_stopped() -> N
 
     def kill_one_worker(step: int) -> None:
         if not workers:
-            children = psutil.Process().children()  # the workers, and multiprocessing's resource tracker
-            workers.extend(child for child in children if "spawn_main" in " ".join(child.cmdline()))
+            workers.extend(pool_workers(psutil.Process()))
             training = next(w for w in workers if w.num_threads() > 4)  # its 4 rank threads are up
             os.kill(training.pid, signal.SIGKILL)
 
@@ -83,7 +97,8 @@ def test_a_worker_killed_mid_stage_is_reported_and_the_others_are_stopped() -> N
 
 
 def test_workers_leave_when_the_process_that_started_them_is_killed() -> None:
-    """No orphan goes on training for nobody: a worker watches its parent and exits with it."""
+    """No orphan goes on training for nobody: a worker watches its parent and exits with it, also when
+    multiprocessing's forkserver, not the parent, forked it (`stage_pool.worker_context`)."""
     script = (
         "from zero_core.experiment import compare_stages\n"
         "from zero_core.model import preset\n"
@@ -94,8 +109,10 @@ def test_workers_leave_when_the_process_that_started_them_is_killed() -> None:
     parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:
         assert parent.stdout is not None and parent.stdout.readline().startswith("step")
-        workers = [c for c in psutil.Process(parent.pid).children() if "spawn_main" in " ".join(c.cmdline())]
+        workers = pool_workers(psutil.Process(parent.pid))
         assert len(workers) == 2
+        if "forkserver" in multiprocessing.get_all_start_methods():  # forked by the server, which imported torch
+            assert all(worker.ppid() != parent.pid for worker in workers), "the workers were not forked"
     finally:
         parent.kill()
         parent.wait()

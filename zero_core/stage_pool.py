@@ -6,7 +6,10 @@ half cores busy however many the machine has (`benchmarks/bench_step.py` measure
 worker processes, each pinned to its own share of the cores (on Linux), each taking the next stage when it
 is done with one. A stage's step times are therefore measured on its worker's share of the cores, whatever
 the other workers are doing, and its losses, weights, ledger and memory are those of a run in one process:
-the same code on the same seed (a test compares the two bit for bit).
+the same code on the same seed (a test compares the two bit for bit). The workers are forked from
+multiprocessing's forkserver (`worker_context`), which imports torch once per process: a later pool starts
+in a fraction of the first one's time, and every worker has the environment the process had when its first
+pool started.
 
 A report comes back pickled, its memory trackers as `TrackerSnapshot`s (peaks, timeline, leftovers: what
 the report's readers use). A worker whose stage raises sends the error back as text and stops; one that
@@ -31,8 +34,8 @@ from zero_core.report import StageReport
 from zero_core.stages import TrainConfig
 
 SMALLEST_WORLD_FOR_WORKERS = 32
-"""Below this N a run takes a few seconds, and a worker's start (a fresh interpreter importing torch, about
-2.5 s here) would cost more than training the stages side by side saves."""
+"""Below this N a run takes a few seconds, and a pool's first start in a process (its forkserver importing
+torch) would cost more than training the stages side by side saves."""
 
 _POLL_S = 0.5
 
@@ -74,7 +77,7 @@ def train_in_workers(
     """
     if jobs < 1:
         raise ValueError(f"jobs must be at least 1, got {jobs}")
-    context = multiprocessing.get_context("spawn")  # a fork would copy torch's thread pools mid-use
+    context = worker_context()
     tasks, results = context.Queue(), context.Queue()
     for item in enumerate(stages):
         tasks.put(item)
@@ -114,6 +117,18 @@ def train_in_workers(
                 worker.terminate()
                 worker.join()
     return reports  # type: ignore[return-value]
+
+
+def worker_context() -> Any:
+    """The multiprocessing context of the course's worker processes (this pool's, the benchmarks' floors):
+    the forkserver where the platform has one, else spawn. A worker is forked from a server process that
+    imported torch once and has run nothing since (so it has no thread pool that a fork could copy mid-use),
+    instead of being a fresh interpreter that imports torch again, for every worker of every pool."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["torch"])
+    return context
 
 
 def _next_message(results: Any) -> tuple | None:
