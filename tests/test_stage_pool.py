@@ -8,6 +8,7 @@ import dataclasses
 import json
 import multiprocessing
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -107,16 +108,23 @@ def test_workers_leave_when_the_process_that_started_them_is_killed() -> None:
         "               on_step=lambda step: print('step', step, flush=True))\n"
     )
     parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    sockets: list[str] = []
+    """The server's listening socket: its folder (`pymp-...` in the temporary folder) is the killed parent's to
+    remove, and a parent killed by SIGKILL never does; the test removes it instead."""
     try:
         assert parent.stdout is not None and parent.stdout.readline().startswith("step")
         workers = pool_workers(psutil.Process(parent.pid))
         assert len(workers) == 2
         if "forkserver" in multiprocessing.get_all_start_methods():  # forked by the server, which imported torch
             assert all(worker.ppid() != parent.pid for worker in workers), "the workers were not forked"
+            server = psutil.Process(workers[0].ppid())
+            sockets = [c.laddr for c in server.net_connections(kind="unix") if "/pymp-" in c.laddr]
     finally:
         parent.kill()
         parent.wait()
     _, alive = psutil.wait_procs(workers, timeout=15)
+    for socket in sockets:
+        shutil.rmtree(os.path.dirname(socket), ignore_errors=True)
     assert not alive, f"{len(alive)} worker(s) still running 15 s after their parent was killed"
 
 
