@@ -108,9 +108,9 @@ def test_workers_leave_when_the_process_that_started_them_is_killed() -> None:
         "               on_step=lambda step: print('step', step, flush=True))\n"
     )
     parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    # The server's listening socket: its folder (`pymp-...` in the temporary folder) is the killed parent's to
+    # remove, and a parent killed by SIGKILL never does; the test removes it instead.
     sockets: list[str] = []
-    """The server's listening socket: its folder (`pymp-...` in the temporary folder) is the killed parent's to
-    remove, and a parent killed by SIGKILL never does; the test removes it instead."""
     try:
         assert parent.stdout is not None and parent.stdout.readline().startswith("step")
         workers = pool_workers(psutil.Process(parent.pid))
