@@ -55,9 +55,20 @@ def copy_course(destination: Path) -> Path:
 
 @contextmanager
 def started_lab(folder: Path) -> Iterator[tuple[str, str]]:
-    """(base URL, token) of `make lab` run in `folder`, read from what it prints; stopped afterwards."""
+    """(base URL, token) of `make lab` run in `folder`, read from what it prints; stopped afterwards.
+
+    JupyterLab keeps its settings and its workspace (the tabs a user left open) in the user's home: the lab here
+    keeps them beside `folder` instead, so that a test neither changes what the user's own lab opens nor starts
+    with the tabs an earlier run left (they restored a second notebook, and its kernel, into every later run)."""
+    user_state = folder.parent / f"{folder.name}-lab-user-state"
+    environment = {
+        **os.environ,
+        "JUPYTERLAB_SETTINGS_DIR": str(user_state / "settings"),
+        "JUPYTERLAB_WORKSPACES_DIR": str(user_state / "workspaces"),
+    }
     server = subprocess.Popen(
-        ["make", "lab"], cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+        ["make", "lab"], cwd=folder, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
     )
     try:
         deadline, found = time.monotonic() + 120, None

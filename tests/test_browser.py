@@ -10,6 +10,7 @@ so and skips; under CI (`CI=true`), whose `.ci/run` installs them, it fails inst
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from collections.abc import Iterator
@@ -80,7 +81,11 @@ def click_menu(driver: webdriver.Chrome, menu: str, item: str) -> None:
 def test_lesson_5_runs_in_the_browser_and_its_calculator_answers_a_slider(lab, browser) -> None:
     base, token = lab
     browser.get(f"{base}/lab/tree/work/lessons/05_at_scale.ipynb?token={token}")
-    until(browser, lambda d: d.find_elements(By.CSS_SELECTOR, ".jp-Notebook .jp-Cell"))
+    # Opened means every cell shown and the kernel idle: on a loaded machine the page shows one empty cell and a
+    # kernel still starting for a while, and "Run All Cells" then runs nothing.
+    cells = len(json.loads((ROOT / "lessons" / "05_at_scale.ipynb").read_text())["cells"])
+    until(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, ".jp-Notebook .jp-Cell")) == cells
+          and "| Idle" in d.find_element(By.ID, "jp-main-statusbar").text, seconds=300)
     browser.save_screenshot(str(SCREENSHOTS / "lesson05_opened.png"))
 
     click_menu(browser, "Run", "Run All Cells")
