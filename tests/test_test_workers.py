@@ -6,9 +6,11 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from collections import OrderedDict
 from pathlib import Path
 
-from tests.work_units import PER_ASSIGNMENT_MODULES, SHARED_MODULE_FIXTURES, work_unit
+from tests.round_trip_class import ASSIGNMENTS
+from tests.work_units import EXPECTED_SECONDS, PER_ASSIGNMENT_MODULES, SHARED_MODULE_FIXTURES, longest_first, work_unit
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -58,3 +60,28 @@ def test_a_parallel_run_keeps_a_module_with_a_fixture_in_one_worker() -> None:
     for worker, module in re.findall(r"\[(gw\d)\] \[ *\d+%\] PASSED (tests/\S+\.py)::", run.stdout):
         workers.setdefault(module, set()).add(worker)
     assert set(workers) == set(modules) and all(len(w) == 1 for w in workers.values()), workers
+
+
+def test_the_longest_units_go_out_first_and_the_rest_keep_their_order() -> None:
+    lesson = "tests/test_lessons.py::test_lesson_runs_top_to_bottom_without_errors_or_stderr[07_buckets]"
+    roundtrip = [f"tests/test_nbgrader_roundtrip.py::test_{name}[ex08_clip_and_accumulate]" for name in "abcde"]
+    tests = ["tests/test_units.py::test_a", *roundtrip, "tests/test_cluster.py::test_b", lesson,
+             "tests/test_plots.py::test_a", "tests/test_plots.py::test_b", "tests/test_plots.py::test_c"]
+    queue: OrderedDict[str, dict[str, bool]] = OrderedDict()
+    for test in tests:
+        queue.setdefault(work_unit(test), {})[test] = False
+    assert list(longest_first(queue)) == [
+        "tests/test_nbgrader_roundtrip.py::ex08", lesson, "tests/test_plots.py", "tests/test_units.py::test_a",
+        "tests/test_cluster.py::test_b",
+    ]
+
+
+def test_every_expected_duration_names_a_unit_or_a_test_that_exists() -> None:
+    """A renamed test or module would leave its figure behind, and its unit would go out last."""
+    for key in EXPECTED_SECONDS:
+        path, _, rest = key.partition("::")
+        assert (ROOT / path).is_file(), key
+        if re.fullmatch(r"ex\d\d", rest):
+            assert path in PER_ASSIGNMENT_MODULES and any(a.startswith(rest) for a in ASSIGNMENTS), key
+        elif rest:
+            assert f"def {rest}" in (ROOT / path).read_text(), key

@@ -5,6 +5,9 @@ test of its module. The modules whose fixtures train, launch or grade (`SHARED_M
 one worker; the nbgrader round trip grades one class per assignment, and each assignment's tests run in one
 worker (`PER_ASSIGNMENT_MODULES`), so its classes (one per assignment) are graded side by side, each once.
 
+The units go out longest first (`longest_first`, by `EXPECTED_SECONDS`), so that the run does not end on one
+worker grading a class while the others have nothing left to do.
+
 xdist's own grouping by mark (`--dist loadgroup`) does not group under pytest 9.2: it renames `item._nodeid`,
 which pytest 9 no longer reads. `tests/conftest.py` hands xdist this scheduler instead, which groups by the
 test's id.
@@ -13,6 +16,7 @@ test's id.
 from __future__ import annotations
 
 import re
+from collections import OrderedDict
 
 from xdist.scheduler import LoadScopeScheduling
 
@@ -56,9 +60,67 @@ def work_unit(nodeid: str) -> str:
     return nodeid
 
 
+EXPECTED_SECONDS = {
+    "tests/test_launch.py": 120,
+    "tests/test_student_release.py": 65,
+    "tests/test_nbgrader_roundtrip.py::ex08": 65,
+    "tests/test_nbgrader_roundtrip.py::ex07": 60,
+    "tests/test_nbgrader_roundtrip.py::ex06": 55,
+    "tests/test_nbgrader_roundtrip.py::ex09": 50,
+    "tests/test_nbgrader_roundtrip.py::ex10": 45,
+    "tests/test_browser.py": 35,
+    "tests/test_nbgrader_roundtrip.py::ex03": 35,
+    "tests/test_nbgrader_roundtrip.py::ex04": 30,
+    "tests/test_readme_instructor.py::test_the_instructor_commands_grade_a_class": 30,
+    "tests/test_readme_instructor.py::test_a_term_of_two_weeks": 30,
+    "tests/test_grading_walls.py::test_the_walls_hold_for_a_grader_who_is_a_normal_user": 20,
+    "tests/test_nbgrader_roundtrip.py::ex05": 15,
+    "tests/test_autograder_cli.py::test_grade_writes_the_csv_and_feedback_the_same_at_any_jobs": 15,
+    "tests/test_grading_integrity.py::test_a_check_is_limited_in_cpu_time": 15,
+    "tests/test_lessons.py::test_lesson_runs_top_to_bottom": 15,
+    "tests/test_autograder_cli.py::test_a_term_of_two_weeks": 10,
+    "tests/test_benchmarks.py::test_bench_bound": 10,
+    "tests/test_benchmarks.py::test_bench_step": 10,
+    "tests/test_grading_walls.py::test_a_correct_notebook_earns_full_marks": 10,
+    "tests/test_nbgrader_roundtrip.py::ex01": 10,
+    "tests/test_test_workers.py::test_a_parallel_run": 10,
+    "tests/test_benchmarks.py::test_bench_class": 8,
+}
+"""About how long a unit takes, by the unit (a shared module, a round-trip class) or by the start of its test's id
+(then per test), in seconds of a worker's time: rounded from one `make test` on the course's 2-core test machine
+(2026-12-07, every test's start and end logged). Only the order matters: a figure that is off costs the balance of
+the workers at the end of a run, never a test. Units not named here count `DEFAULT_SECONDS` a test."""
+DEFAULT_SECONDS = 0.5
+
+
+def expected_seconds(unit: str, nodeids: list[str]) -> float:
+    """About how long `unit`, whose tests are `nodeids`, keeps a worker busy (`EXPECTED_SECONDS`)."""
+    if unit in EXPECTED_SECONDS:
+        return EXPECTED_SECONDS[unit]
+    return sum(
+        next((s for start, s in EXPECTED_SECONDS.items() if nodeid.startswith(start)), DEFAULT_SECONDS)
+        for nodeid in nodeids
+    )
+
+
+def longest_first(units: OrderedDict[str, dict[str, bool]]) -> OrderedDict[str, dict[str, bool]]:
+    """xdist's work queue ({unit: {test id: done}}) in the order of `expected_seconds`, longest first; units
+    expected to take as long keep their order."""
+    return OrderedDict(sorted(units.items(), key=lambda item: -expected_seconds(item[0], list(item[1]))))
+
+
 class WorkUnitScheduling(LoadScopeScheduling):
-    """xdist's scheduling by scope (a unit at a time to the next free worker, the largest units first), with
-    `work_unit` as the scope."""
+    """xdist's scheduling by scope (a unit at a time to the next free worker), with `work_unit` as the scope and
+    the units handed out longest first (`longest_first`): the last units of a run are short ones."""
+
+    _ordered = False
 
     def _split_scope(self, nodeid: str) -> str:
         return work_unit(nodeid)
+
+    def _assign_work_unit(self, node: object) -> None:
+        # xdist fills the whole queue before it assigns the first unit: order it then, once
+        if not self._ordered:
+            self.workqueue = longest_first(self.workqueue)
+            self._ordered = True
+        super()._assign_work_unit(node)
