@@ -33,7 +33,7 @@ OLDEST_TORCH := 2.6.0
 NEWEST_TORCH := 2.15.0
 TORCH_EDGE_TESTS := tests/test_torch_backend.py tests/test_launch.py tests/test_dist.py
 
-.PHONY: demo bytecode test test-oldest-torch test-newest-torch lint lab release student-release autograde scores feedback grade bench clean
+.PHONY: FORCE demo bytecode test test-oldest-torch test-newest-torch lint lab release student-release autograde scores feedback grade bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11 or newer is needed (found " + sys.version.split()[0] + "); set PYTHON=python3.11")'
@@ -111,6 +111,17 @@ ifeq ($(origin ASSIGNMENTS),file)
 else
 	for a in $(ASSIGNMENTS); do $(NBGRADER) generate_assignment $$a --force --create || exit 1; done
 endif
+	@mkdir -p out/released && cd out/released && touch $(ASSIGNMENTS)
+
+# What `make release` last released, one stamp per assignment (out/released/<assignment>): out of date when the
+# assignment's source, nbgrader's configuration or the gradebook changed since, or when there is no gradebook.
+# `make autograde` runs `make release` first only then (it took 8 s here for all ten); the stamps are never made
+# by this rule, only asked about (`make --question`).
+RELEASED = $(addprefix out/released/,$(ASSIGNMENTS))
+.SECONDEXPANSION:
+out/released/%: solutions/$$*/$$*.ipynb nbgrader_config.py $(or $(wildcard gradebook.db),FORCE)
+	@exit 1
+FORCE:
 
 # What a class's students receive for one assignment, e.g. `make student-release ASSIGNMENT=ex02_zero1_sharded_adam`:
 # the course without that assignment's answers, solutions or tests, lessons run, into OUT (a new folder beside the course).
@@ -120,7 +131,8 @@ student-release: $(STAMP)
 	$(PY) -m autograder student-release $(ASSIGNMENT) $(OUT)
 
 # nbgrader's log goes to out/autograde.log (its last lines are shown if it fails); the scores end the run.
-autograde: release bytecode
+autograde: bytecode
+	@$(MAKE) --no-print-directory --question $(RELEASED) 2> /dev/null || $(MAKE) --no-print-directory release
 	@mkdir -p out && : > out/autograde.log
 	@for a in $(ASSIGNMENTS); do \
 		if ls out/submitted/*/$$a/$$a.ipynb > /dev/null 2>&1; then \

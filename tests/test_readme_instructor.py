@@ -76,6 +76,7 @@ def test_the_instructor_commands_grade_a_class_as_the_readme_says(tmp_path: Path
         done = subprocess.run(command, shell=True, cwd=course, env=env, capture_output=True, text=True, timeout=400)
         assert done.returncode == 0, f"{command}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
         if command == "make autograde":  # nbgrader's log in a file, the gradebook's scores on the screen
+            assert "generate_assignment" not in done.stdout, "autograde released again what release just released"
             assert "[AutogradeApp]" not in done.stdout + done.stderr
             assert "AutogradeApp" in (course / "out" / "autograde.log").read_text()
             shown = {line.split()[0]: line.split()[-1] for line in done.stdout.splitlines()
@@ -105,6 +106,37 @@ def test_the_instructor_commands_grade_a_class_as_the_readme_says(tmp_path: Path
     # The timeout, not a wall-clock bound on this shared machine, is what stops the looping student: its
     # feedback above says so. How long the class took is printed, not asserted (speed lives in benchmarks/).
     print(f"the class took {seconds:.0f} s")
+
+
+def test_autograde_releases_first_only_an_assignment_not_released_as_it_now_is(tmp_path: Path) -> None:
+    """`make autograde` runs `make release` first only where a stamp of the last release (out/released/) is
+    missing, or older than the assignment's source, nbgrader's configuration or the gradebook, or where there is
+    no gradebook: the question it asks make."""
+    course = copy_course(tmp_path / "course")
+    stamp, gradebook = course / "out" / "released" / EX05, course / "gradebook.db"
+    source = course / "solutions" / EX05 / f"{EX05}.ipynb"
+
+    def released() -> bool:
+        asked = subprocess.run(["make", "--question", f"out/released/{EX05}"], cwd=course, capture_output=True)
+        return asked.returncode == 0
+
+    def dated(path: Path, seconds_ago: float) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch()
+        os.utime(path, (time.time() - seconds_ago,) * 2)
+
+    dated(course / "nbgrader_config.py", 30)
+    dated(source, 30)
+    assert not released(), "no stamp"
+    dated(stamp, 10)
+    assert not released(), "no gradebook"
+    dated(gradebook, 20)
+    assert released()
+    for newer in (gradebook, source, course / "nbgrader_config.py"):
+        dated(newer, 5)
+        assert not released(), f"{newer.name} changed after the release"
+        dated(newer, 20)
+    assert released()
 
 
 def contents(url: str, tries: int = 30) -> list[dict]:
