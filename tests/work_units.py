@@ -87,9 +87,11 @@ EXPECTED_SECONDS = {
     "tests/test_benchmarks.py::test_bench_class": 8,
 }
 """About how long a unit takes, by the unit (a shared module, a round-trip class) or by the start of its test's id
-(then per test), in seconds of a worker's time: rounded from one `make test` on the course's 2-core test machine
-(2026-12-07, every test's start and end logged). Only the order matters: a figure that is off costs the balance of
-the workers at the end of a run, never a test. Units not named here count `DEFAULT_SECONDS` a test."""
+(then per test), in seconds of a worker's time: rounded from one run of the suite with three workers on the course's
+2-core test machine (2026-12-07, 527 s in all). `python -m pytest -n 3 --durations=0` prints them per test (a unit's
+is the sum of its tests' setup, call and teardown): a run in a slower hour gave 0.9x to 1.4x these, in the same
+order. Only the order matters: a figure that is off costs the balance of the workers at the end of a run, never a
+test. Units not named here count `DEFAULT_SECONDS` a test."""
 DEFAULT_SECONDS = 0.5
 
 
