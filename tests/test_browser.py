@@ -47,13 +47,17 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
 
 
 @pytest.fixture(scope="module")
-def browser() -> Iterator[webdriver.Chrome]:
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[webdriver.Chrome]:
+    """Headless Chromium. Its temporary folders go to a folder of the test's (`TMPDIR`): Chromium leaves one
+    `org.chromium.Chromium.*` folder in the temporary folder every time it runs."""
     options = Options()
     options.binary_location = CHROMIUM
     for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"):
         options.add_argument(argument)
     options.add_argument("--window-size=1400,1000")
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    temporary = tmp_path_factory.mktemp("chromium-tmp")
+    service = Service(CHROMEDRIVER, env={**os.environ, "TMPDIR": str(temporary)})
+    driver = webdriver.Chrome(service=service, options=options)
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     yield driver
     driver.quit()
