@@ -89,9 +89,9 @@ EXPECTED_SECONDS = {
 """About how long a unit takes, by the unit (a shared module, a round-trip class) or by the start of its test's id
 (then per test), in seconds of a worker's time: rounded from one run of the suite with three workers on the course's
 2-core test machine (2026-12-07, 527 s in all). `python -m pytest -n 3 --durations=0` prints them per test (a unit's
-is the sum of its tests' setup, call and teardown): a run in a slower hour gave 0.9x to 1.4x these, in the same
-order. Only the order matters: a figure that is off costs the balance of the workers at the end of a run, never a
-test. Units not named here count `DEFAULT_SECONDS` a test."""
+is the sum of its tests' setup, call and teardown): a run in a slower hour gave 0.9x to 1.5x these, the same
+units the longest, in another order among themselves. Only the order matters: a figure that is off costs the
+balance of the workers at the end of a run, never a test. Units not named here count `DEFAULT_SECONDS` a test."""
 DEFAULT_SECONDS = 0.5
 
 
