@@ -9,10 +9,12 @@ and gradients to 8 significant bits while the oracle stays fp32: ~1e-2 relative,
 from __future__ import annotations
 
 import pytest
+import torch
 
 from zero_core.experiment import run_stage
-from zero_core.model import preset
-from zero_core.oracle import train_single_device
+from zero_core.model import build_model, global_batch, loss_fn, preset
+from zero_core.optim import AdamConfig
+from zero_core.oracle import TorchAdam, train_single_device
 from zero_core.stages import TrainConfig
 
 STEPS = 5
@@ -42,3 +44,26 @@ def test_the_oracle_comparison_notices_a_different_batch() -> None:
     oracle_losses, oracle_weights = train_single_device(config, 2, STEPS)
     report = run_stage(0, 3, STEPS, config)
     assert relative_weight_error(oracle_weights, report) > TOLERANCES["fp32"][1]
+
+
+@pytest.mark.parametrize("start_step", [0, 5])
+def test_the_oracle_s_adam_is_torch_optim_adam_bit_for_bit(start_step: int) -> None:
+    """`TorchAdam` steps through the function `torch.optim.Adam.step` calls: from fresh moments, and from moments
+    and a step count given (a resumed run), three steps of each on the same model and data give the same bits."""
+    config, adam = preset("micro"), AdamConfig()
+    models = [build_model(config), build_model(config)]
+    generator = torch.Generator().manual_seed(1)
+    moments = [(torch.rand(p.shape, generator=generator), torch.rand(p.shape, generator=generator) / 100)
+               for p in models[0].parameters()] if start_step else None
+    theirs = torch.optim.Adam(models[0].parameters(), lr=adam.lr, betas=(adam.beta1, adam.beta2), eps=adam.eps)
+    for param, (m, v) in zip(models[0].parameters(), moments or [], strict=False):
+        theirs.state[param] = {"step": torch.tensor(float(start_step)), "exp_avg": m.clone(), "exp_avg_sq": v.clone()}
+    ours = TorchAdam(list(models[1].parameters()), adam, moments, start_step)
+    for step in range(3):
+        inputs, targets = global_batch(config, 2, step, 0)
+        for model, optimizer in zip(models, (theirs, ours), strict=True):
+            model.zero_grad()
+            loss_fn(model(inputs), targets).backward()
+            optimizer.step()
+    for mine, reference in zip(models[1].parameters(), models[0].parameters(), strict=True):
+        assert torch.equal(mine, reference)

@@ -56,6 +56,19 @@ def test_a_formula_exercise_is_graded_by_a_parent_that_never_loads_torch() -> No
     assert graded == [10, []]
 
 
+def test_an_oracle_run_loads_no_compiler_stack() -> None:
+    """The single-device oracle (the judges' references, `python -m autograder check`, lesson 8) steps PyTorch's
+    Adam through the function the class's `step` calls: the class's first construction in a process imports
+    `torch._dynamo`, about 1.3 s of CPU."""
+    loaded = fresh(
+        "import json\nfrom zero_core.model import preset\nfrom zero_core.oracle import train_single_device\n"
+        "from zero_core.stages import TrainConfig\n"
+        "train_single_device(TrainConfig(model=preset('micro')), 2, 1)\n"
+        "print(json.dumps('torch._dynamo' in sys.modules))"
+    )
+    assert loaded is False
+
+
 MAPS_NO_TORCH = 200 * MiB
 """An address space in which torch's libraries cannot be mapped (`import torch` fails at libtorch_cpu.so), and in
 which Python grades a formula exercise."""
