@@ -12,8 +12,8 @@ from datetime import timedelta
 import pytest
 import torch
 import torch.distributed as torch_dist
-import torch.multiprocessing as mp
 
+from tests.gloo_ranks import start_ranks
 from zero_core import dist
 from zero_core.backends.torch_distributed import TorchBackend, process_context
 from zero_core.cluster import RankFailed, VirtualCluster
@@ -119,7 +119,7 @@ def _process(rank: int, folder: str) -> None:
 
 def test_gloo_processes_exchange_the_same_values_and_record_the_same_ledger(virtual, tmp_path) -> None:
     """torch.distributed.all_to_all_single on gloo (every dtype above, in groups too) matches the virtual cluster."""
-    mp.spawn(_process, args=(str(tmp_path),), nprocs=WORLD_SIZE, join=True)
+    start_ranks(_process, (str(tmp_path),), WORLD_SIZE)
     results, cluster = virtual
     for rank in range(WORLD_SIZE):
         real = torch.load(tmp_path / f"rank{rank}.pt")

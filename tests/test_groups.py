@@ -12,8 +12,8 @@ from datetime import timedelta
 import pytest
 import torch
 import torch.distributed as torch_dist
-import torch.multiprocessing as mp
 
+from tests.gloo_ranks import start_ranks
 from zero_core import dist
 from zero_core.backends.torch_distributed import TorchBackend, process_context
 from zero_core.cluster import CollectiveDeadlock, CollectiveMismatch, CollectiveTimeout, RankFailed, VirtualCluster
@@ -231,7 +231,7 @@ def _gloo_rank(rank: int, folder: str) -> None:
 
 @pytest.mark.timeout(120)
 def test_groups_on_gloo_processes_give_the_virtual_clusters_results_and_ledgers(tmp_path):
-    mp.spawn(_gloo_rank, args=(str(tmp_path),), nprocs=4, join=True)
+    start_ranks(_gloo_rank, (str(tmp_path),), 4)
     real = [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(4)]
     virtual = VirtualCluster(4).run(group_scenario)
     for rank in range(4):

@@ -15,8 +15,8 @@ from datetime import timedelta
 import pytest
 import torch
 import torch.distributed as torch_dist
-import torch.multiprocessing as mp
 
+from tests.gloo_ranks import start_ranks
 from zero_core import dist
 from zero_core.backends.torch_distributed import TorchBackend, process_context, upcasts_reductions, wire_dtype
 from zero_core.cluster import VirtualCluster
@@ -121,7 +121,7 @@ def _process(rank: int, folder: str) -> None:
 @pytest.fixture(scope="module")
 def real(tmp_path_factory) -> list[dict]:
     folder = tmp_path_factory.mktemp("gloo")
-    mp.spawn(_process, args=(str(folder),), nprocs=WORLD_SIZE, join=True)
+    start_ranks(_process, (str(folder),), WORLD_SIZE)
     return [torch.load(folder / f"rank{rank}.pt") for rank in range(WORLD_SIZE)]
 
 
