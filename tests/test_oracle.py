@@ -56,8 +56,10 @@ def test_the_oracle_s_adam_is_torch_optim_adam_bit_for_bit(start_step: int) -> N
     moments = [(torch.rand(p.shape, generator=generator), torch.rand(p.shape, generator=generator) / 100)
                for p in models[0].parameters()] if start_step else None
     theirs = torch.optim.Adam(models[0].parameters(), lr=adam.lr, betas=(adam.beta1, adam.beta2), eps=adam.eps)
-    for param, (m, v) in zip(models[0].parameters(), moments or [], strict=False):
-        theirs.state[param] = {"step": torch.tensor(float(start_step)), "exp_avg": m.clone(), "exp_avg_sq": v.clone()}
+    if moments:  # as `resume_single_device` gave them to torch.optim.Adam before it used `TorchAdam`
+        for param, (m, v) in zip(models[0].parameters(), moments, strict=True):
+            count = torch.tensor(float(start_step))
+            theirs.state[param] = {"step": count, "exp_avg": m.clone(), "exp_avg_sq": v.clone()}
     ours = TorchAdam(list(models[1].parameters()), adam, moments, start_step)
     for step in range(3):
         inputs, targets = global_batch(config, 2, step, 0)
