@@ -6,7 +6,7 @@ import sys
 from zero_core.cli import main
 
 try:
-    sys.exit(main())
+    sys.exit(main(program=True))
 except BrokenPipeError:  # the reader left early (`... | head`): nothing more to say, and no traceback
     os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     sys.exit(1)

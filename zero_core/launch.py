@@ -314,9 +314,12 @@ def _stopped_by_torchrun(signum: int, frame: object) -> None:
     os._exit(1)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, program: bool = False) -> int:
+    """One rank's run; `program`: the process is this rank's (`python -m zero_core.launch`), so what is loaded
+    stays off the cycle collector (`zero_core.long_lived`), which a caller's own process (a test) keeps."""
     args = build_parser().parse_args(argv)
-    freeze_what_is_loaded()
+    if program:
+        freeze_what_is_loaded()
     try:
         env = torchrun_env(os.environ)
         stages = check(args, env)
@@ -360,4 +363,4 @@ def leave(exit_code: int) -> None:
 
 
 if __name__ == "__main__":
-    leave(main())
+    leave(main(program=True))

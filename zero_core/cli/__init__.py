@@ -74,9 +74,13 @@ def attach_negative_values(argv: list[str]) -> list[str]:
     return joined
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, program: bool = False) -> int:
+    """Run one command on `argv` (default: the process's arguments). `program`: the process is this command's
+    (`python -m zero_core`), so what the parser loaded stays off the cycle collector (`zero_core.long_lived`);
+    a caller that goes on with other work in its process (a test) leaves its objects alone."""
     args = build_parser().parse_args(attach_negative_values(sys.argv[1:] if argv is None else argv))
-    freeze_what_is_loaded()
+    if program:
+        freeze_what_is_loaded()
     try:
         return command_module(args.command).run(args)
     except UsageError as error:
