@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 import importlib
 import importlib.util
+import re
 import symtable
 import sys
 import types
@@ -127,11 +128,16 @@ def _escapes() -> dict[int, str]:
     return found
 
 
+_PARSER_LINES = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+\Z")
+
+
 class _Checker(ast.NodeVisitor):
     """One cell's walk: the scopes it is in (from `symtable`), and the problems found."""
 
     def __init__(self, rules: GradedCells, source: str, tree: ast.AST, table: symtable.SymbolTable) -> None:
         self.rules, self.source, self.imports = rules, source, imported_names(source)
+        self.lines = _PARSER_LINES.findall(source)
+        """The cell's lines, ends kept, split where the parser splits them (not at a form feed)."""
         self.scopes: list[tuple[symtable.SymbolTable, ast.AST | None]] = [(table, None)]
         self.tables = {(t.get_lineno(), t.get_name()): t for t in _all_tables(table)}
         self.stored = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
@@ -208,8 +214,19 @@ class _Checker(ast.NodeVisitor):
     # -- reporting ------------------------------------------------------------------------------------
 
     def _code(self, node: ast.AST) -> str:
-        code = " ".join((ast.get_source_segment(self.source, node) or ast.unparse(node)).split())
+        code = " ".join((self._segment(node) or ast.unparse(node)).split())
         return code if len(code) <= 70 else code[:67] + "..."
+
+    def _segment(self, node: ast.AST) -> str | None:
+        """`ast.get_source_segment(self.source, node)`, given only the node's own lines: that function splits the
+        whole cell, a character at a time, on every call, and the walk quotes every attribute it checks."""
+        if getattr(node, "end_lineno", None) is None or getattr(node, "end_col_offset", None) is None:
+            return None
+        lines = self.lines[node.lineno - 1 : node.end_lineno]
+        span = types.SimpleNamespace(
+            lineno=1, end_lineno=len(lines), col_offset=node.col_offset, end_col_offset=node.end_col_offset
+        )
+        return ast.get_source_segment("".join(lines), span)
 
     def _report(self, node: ast.AST, rule: str, text: str) -> None:
         self.problems.append(Problem(getattr(node, "lineno", 0), rule, text))

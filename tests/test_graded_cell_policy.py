@@ -48,6 +48,14 @@ def problems(source: str, setup: str = SETUP) -> list[Problem]:
     return GradedCells(FORBIDDEN, [setup]).check(source)
 
 
+def test_a_refusal_quotes_the_code_the_parser_read_whatever_the_line_ends() -> None:
+    """Windows and old Mac line ends, a form feed (which ends no line for the parser) and a character of two bytes
+    before the refused attributes: each is quoted as `ast.get_source_segment` cuts it from the cell."""
+    source = 'note = "\u00e9"\r\n\x0cx = (torch\r\n     .nn._private_thing)\ry = torch.__dict__\n'
+    found = problems(source)
+    assert [(p.line, p.text.split("`")[1]) for p in found] == [(2, "torch .nn._private_thing"), (4, "torch.__dict__")]
+
+
 @pytest.mark.parametrize("notebook", [solution_notebook, release_notebook], ids=["solution", "release"])
 @pytest.mark.parametrize("assignment", [pytest.param(a, marks=marker(a)) for a in EXERCISES])
 def test_every_solution_and_release_notebook_follows_the_rules(assignment: str, notebook) -> None:
