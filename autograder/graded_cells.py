@@ -135,7 +135,7 @@ class _Checker(ast.NodeVisitor):
     """One cell's walk: the scopes it is in (from `symtable`), and the problems found."""
 
     def __init__(self, rules: GradedCells, source: str, tree: ast.AST, table: symtable.SymbolTable) -> None:
-        self.rules, self.source, self.imports = rules, source, imported_names(source)
+        self.rules, self.imports = rules, imported_names(source)
         self.lines = _PARSER_LINES.findall(source)
         """The cell's lines, ends kept, split where the parser splits them (not at a form feed)."""
         self.scopes: list[tuple[symtable.SymbolTable, ast.AST | None]] = [(table, None)]
@@ -218,8 +218,8 @@ class _Checker(ast.NodeVisitor):
         return code if len(code) <= 70 else code[:67] + "..."
 
     def _segment(self, node: ast.AST) -> str | None:
-        """`ast.get_source_segment(self.source, node)`, given only the node's own lines: that function splits the
-        whole cell, a character at a time, on every call, and the walk quotes every attribute it checks."""
+        """`ast.get_source_segment` of the cell for `node`, given only the node's own lines: that function splits
+        the whole cell, a character at a time, on every call, and the walk quotes every attribute it checks."""
         if getattr(node, "end_lineno", None) is None or getattr(node, "end_col_offset", None) is None:
             return None
         lines = self.lines[node.lineno - 1 : node.end_lineno]

@@ -131,10 +131,10 @@ def test_what_is_loaded_is_frozen_once_and_what_comes_later_is_collected_as_befo
 
 
 def test_the_commands_freeze_what_they_loaded_only_as_their_process_s_program() -> None:
-    """`python -m zero_core` and `zero_core.launch` freeze (`program=True`); their `main` called by other code (a
-    test worker calls it hundreds of times) leaves that process's objects to its collector. The freeze was the
-    check's cost too: `gc.get_freeze_count()` walks every frozen object, 8.6 s of the test workers' CPU in one
-    profiled run of the suite."""
+    """`python -m zero_core` and `zero_core.launch` freeze (`program=True`); their `main` called by other code (the
+    tests call the CLIs' `main` in their workers from 76 call sites) leaves that process's objects to its collector.
+    The freeze was the check's cost too: `gc.get_freeze_count()` walks every frozen object, 8.6 s of the test
+    workers' CPU in one profiled run of the suite."""
     counts = fresh(
         "import contextlib, gc, io, json\nfrom zero_core import launch\nfrom zero_core.cli import main\n"
         "args = ['table', '--params', '1B', '--gpus', '8']\n"
